@@ -1,0 +1,99 @@
+#!/usr/bin/env node
+import { existsSync } from 'node:fs';
+import { resolve } from 'node:path';
+import type { LimitTable } from './config/limit-table.js';
+import { limitsFor } from './config/limit-table.js';
+import { readLimitsFile } from './config/load-limits.js';
+import { formatSourceError } from './config/yaml-source.js';
+import { readKeyFile } from './keys/key-file.js';
+import { sha256Hex } from './observability/logger.js';
+
+/**
+ * `npx oapi-gateway check [FILE] [--keys FILE]`: validates a limits file (and the key file),
+ * prints the table, exits 1 with every error and its line when something is wrong.
+ * `npx oapi-gateway keys hash KEY`: prints the line for `config/api-keys.yaml`.
+ */
+
+const USAGE = `usage:
+  oapi-gateway check [LIMITS_FILE] [--keys KEYS_FILE]   validate a limits file (default: $LIMITS_FILE or limits.yaml)
+  oapi-gateway keys hash KEY                          print the sha256 line of a key for config/api-keys.yaml`;
+
+async function check(args: string[]): Promise<number> {
+  let keysFile: string | undefined;
+  const positional: string[] = [];
+  for (let i = 0; i < args.length; i++) {
+    if (args[i] === '--keys') keysFile = args[++i];
+    else positional.push(args[i] as string);
+  }
+  const file = positional[0] ?? process.env.LIMITS_FILE ?? 'limits.yaml';
+  const result = await readLimitsFile(resolve(file), file);
+  if (!result.ok) {
+    for (const error of result.errors) process.stderr.write(formatSourceError(error) + '\n');
+    process.stderr.write(`${file}: ${result.errors.length} error${result.errors.length === 1 ? '' : 's'}; not valid\n`);
+    return 1;
+  }
+  process.stdout.write(renderTable(result.table, file));
+
+  const keys = keysFile ?? process.env.API_KEYS_FILE ?? (existsSync('config/api-keys.yaml') ? 'config/api-keys.yaml' : undefined);
+  if (keys) {
+    const keyResult = await readKeyFile(resolve(keys), keys, new Set(result.table.plans.keys()));
+    if (!keyResult.ok) {
+      for (const error of keyResult.errors) process.stderr.write(formatSourceError(error) + '\n');
+      process.stderr.write(`${keys}: ${keyResult.errors.length} error${keyResult.errors.length === 1 ? '' : 's'}; not valid\n`);
+      return 1;
+    }
+    process.stdout.write(`\n${keys}: ${keyResult.keys.length} key${keyResult.keys.length === 1 ? '' : 's'}, valid\n`);
+  }
+  return 0;
+}
+
+export function renderTable(table: LimitTable, file: string): string {
+  const header = ['#', 'name', 'route', 'per_hour', 'per_day', ''];
+  const rows = table.rows.map((row) => [String(row.index + 1), row.name, row.route.text, String(row.limits.perHour), String(row.limits.perDay), row.shadow ? 'shadow' : '']);
+  const widths = header.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] as string).length)));
+  const line = (cells: string[]): string =>
+    cells.map((cell, i) => (i === 3 || i === 4 ? cell.padStart(widths[i] as number) : cell.padEnd(widths[i] as number))).join('  ').trimEnd() + '\n';
+  let out = `${file}: valid, ${table.rows.length} rows, timezone ${table.timezone}, ${table.hash}\n\n` + line(header);
+  for (const row of table.rows) {
+    out += line(rows[row.index] as string[]);
+    for (const also of row.also) out += ' '.repeat((widths[0] as number) + (widths[1] as number) + 4) + `+ ${also.text}\n`;
+  }
+  for (const plan of table.plans.values()) {
+    const changed = table.rows.filter((row) => limitsFor(table, row, plan.name) !== row.limits && (limitsFor(table, row, plan.name).perHour !== row.limits.perHour || limitsFor(table, row, plan.name).perDay !== row.limits.perDay));
+    out += `\nplan ${plan.name}: ${changed.length} of ${table.rows.length} rows differ from the table\n`;
+    for (const row of changed) {
+      const limits = limitsFor(table, row, plan.name);
+      out += `  ${row.route.text}: per_hour ${limits.perHour}, per_day ${limits.perDay}\n`;
+    }
+  }
+  return out;
+}
+
+function keys(args: string[]): number {
+  if (args[0] !== 'hash' || args.length !== 2 || !args[1]) {
+    process.stderr.write(USAGE + '\n');
+    return 2;
+  }
+  process.stdout.write(`    sha256: ${sha256Hex(args[1])}\n`);
+  return 0;
+}
+
+async function run(argv: string[]): Promise<number> {
+  const [command, ...args] = argv;
+  switch (command) {
+    case 'check':
+      return check(args);
+    case 'keys':
+      return keys(args);
+    case 'help':
+    case '--help':
+    case '-h':
+      process.stdout.write(USAGE + '\n');
+      return 0;
+    default:
+      process.stderr.write(USAGE + '\n');
+      return 2;
+  }
+}
+
+process.exitCode = await run(process.argv.slice(2));

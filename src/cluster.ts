@@ -1,0 +1,77 @@
+import cluster, { type Worker } from 'node:cluster';
+import { AggregatorRegistry } from 'prom-client';
+import type { Settings } from './config/settings.js';
+import { startGateway, StartupError } from './runner.js';
+
+/**
+ * `WORKERS=n`: n gateway processes on one host (node:cluster), all serving the public port
+ * and sharing their counters in Redis. The primary serves nothing public: it holds the one
+ * admin listener (metrics aggregated over the workers), restarts a worker that dies, and
+ * passes SIGHUP and shutdown on to the workers.
+ */
+
+type ClusterMessage = { readonly type: 'oapi:reload' } | { readonly type: 'oapi:shutdown' };
+
+export async function runCluster(settings: Settings): Promise<void> {
+  if (cluster.isPrimary) await runPrimary(settings);
+  else await runWorker(settings);
+}
+
+async function runPrimary(settings: Settings): Promise<void> {
+  const aggregator = new AggregatorRegistry();
+  const primary = await startGateway({ settings, public: false, metricsText: () => aggregator.clusterMetrics() }).catch((err: unknown) => {
+    if (err instanceof StartupError) {
+      process.stderr.write(`oapi-gateway: the gateway cannot start:\n${err.message}\n`);
+      process.exit(1);
+    }
+    throw err;
+  });
+  let stopping = false;
+  const fork = (): Worker => cluster.fork();
+  for (let i = 0; i < settings.workers; i++) fork();
+  cluster.on('exit', (worker, code, signal) => {
+    if (stopping) return;
+    primary.logger.error({ worker: worker.process.pid, code, signal }, 'worker died; starting another');
+    fork();
+  });
+  const broadcast = (message: ClusterMessage): void => {
+    for (const worker of Object.values(cluster.workers ?? {})) worker?.send(message);
+  };
+  // The primary's table serves /admin/limits; each worker reloads its own from the same file.
+  primary.tables.onChange(() => broadcast({ type: 'oapi:reload' }));
+  process.on('SIGHUP', () => {
+    void primary.reload('signal');
+    broadcast({ type: 'oapi:reload' });
+  });
+  const shutdown = (signal: string): void => {
+    if (stopping) return;
+    stopping = true;
+    primary.logger.info({ signal }, 'shutting down workers');
+    broadcast({ type: 'oapi:shutdown' });
+    const waitForWorkers = new Promise<void>((resolve) => {
+      const check = (): void => {
+        if (Object.keys(cluster.workers ?? {}).length === 0) resolve();
+      };
+      cluster.on('exit', check);
+      check();
+    });
+    const deadline = new Promise<void>((resolve) => setTimeout(resolve, settings.shutdownTimeoutMs + 5000).unref());
+    void Promise.race([waitForWorkers, deadline])
+      .then(() => primary.stop())
+      .then(() => process.exit(0));
+  };
+  process.once('SIGTERM', () => shutdown('SIGTERM'));
+  process.once('SIGINT', () => shutdown('SIGINT'));
+}
+
+async function runWorker(settings: Settings): Promise<void> {
+  const worker = await startGateway({ settings, admin: false });
+  AggregatorRegistry.setRegistries([worker.metrics.registry]);
+  process.on('message', (message: ClusterMessage) => {
+    if (message?.type === 'oapi:reload') void worker.reload('signal');
+    else if (message?.type === 'oapi:shutdown') void worker.stop().then(() => process.exit(0));
+  });
+  // The primary decides when to stop; a signal sent to the whole process group is left to it.
+  process.on('SIGTERM', () => {});
+  process.on('SIGINT', () => {});
+}

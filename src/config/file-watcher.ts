@@ -1,0 +1,67 @@
+import { watch, type FSWatcher } from 'node:fs';
+import { stat } from 'node:fs/promises';
+import { dirname } from 'node:path';
+
+/**
+ * Calls `onChange` soon after a file changes on disk, however it was changed: written in
+ * place, replaced by an editor's rename, or swapped by a Kubernetes ConfigMap update (a
+ * symlink to a directory that is replaced atomically). The directory is watched, since a
+ * rename replaces the file's inode, and the file is also polled (`stat` follows symlinks)
+ * for file systems where watching is unreliable. Callers compare contents; a spurious call
+ * costs one read.
+ */
+
+export interface FileWatch {
+  close(): void;
+}
+
+export function watchFile(path: string, onChange: () => void, options: { pollMs?: number; debounceMs?: number } = {}): FileWatch {
+  const pollMs = options.pollMs ?? 2000;
+  const debounceMs = options.debounceMs ?? 150;
+  let debounce: NodeJS.Timeout | undefined;
+  let lastSignature: string | undefined;
+  let closed = false;
+
+  const fire = (): void => {
+    if (closed) return;
+    clearTimeout(debounce);
+    debounce = setTimeout(onChange, debounceMs);
+    debounce.unref();
+  };
+
+  const signature = async (): Promise<string> => {
+    try {
+      const s = await stat(path);
+      return `${s.ino}:${s.size}:${s.mtimeMs}`;
+    } catch {
+      return 'missing';
+    }
+  };
+  void signature().then((s) => (lastSignature = s));
+
+  let watcher: FSWatcher | undefined;
+  try {
+    // Any entry of the directory may lead to the file (a ConfigMap swaps "..data", not the file).
+    watcher = watch(dirname(path), { persistent: false }, fire);
+    watcher.on('error', () => watcher?.close());
+  } catch {
+    watcher = undefined; // polling alone
+  }
+
+  const poller = setInterval(() => {
+    void signature().then((s) => {
+      if (lastSignature !== undefined && s !== lastSignature) fire();
+      lastSignature = s;
+    });
+  }, pollMs);
+  poller.unref();
+
+  return {
+    close(): void {
+      closed = true;
+      clearTimeout(debounce);
+      clearInterval(poller);
+      watcher?.close();
+    },
+  };
+}

@@ -1,0 +1,90 @@
+import { isMap, isScalar, isSeq, LineCounter, parseDocument, type Node, type Pair, type YAMLMap } from 'yaml';
+
+/**
+ * A YAML file read with positions, shared by the loaders of `limits.yaml`, `gateway.yaml` and
+ * the API key file, so that every complaint about a file names its line and column.
+ */
+
+export interface SourceError {
+  readonly file: string;
+  readonly line: number;
+  readonly column: number;
+  /** 1-based row of `limits:` (or key entry) the error is in, when it is in one. */
+  readonly row?: number;
+  readonly rowName?: string;
+  readonly message: string;
+}
+
+export function formatSourceError(e: SourceError): string {
+  const where = e.row === undefined ? '' : `row ${e.row}${e.rowName ? ` (${e.rowName})` : ''}: `;
+  return `${e.file}:${e.line}:${e.column}: ${where}${e.message}`;
+}
+
+export interface Position {
+  readonly line: number;
+  readonly column: number;
+}
+
+export class YamlSource {
+  readonly file: string;
+  readonly root: unknown;
+  readonly #lines: LineCounter;
+
+  private constructor(file: string, root: unknown, lines: LineCounter) {
+    this.file = file;
+    this.root = root;
+    this.#lines = lines;
+  }
+
+  /** Parses `text`; YAML syntax errors (duplicate keys included) come back as errors. */
+  static parse(file: string, text: string): { source: YamlSource; errors: SourceError[] } {
+    const lines = new LineCounter();
+    const doc = parseDocument(text, { lineCounter: lines, uniqueKeys: true, prettyErrors: false, keepSourceTokens: false });
+    const source = new YamlSource(file, doc.contents, lines);
+    const errors = doc.errors.map((err) => {
+      const pos = err.linePos?.[0] ?? lines.linePos(err.pos[0]);
+      return { file, line: pos.line, column: pos.col, message: firstLine(err.message) };
+    });
+    return { source, errors };
+  }
+
+  position(node: unknown): Position {
+    const range = (node as Node | undefined)?.range;
+    if (!range) return { line: 1, column: 1 };
+    const pos = this.#lines.linePos(range[0]);
+    return { line: pos.line, column: pos.col };
+  }
+
+  error(node: unknown, message: string, row?: { row: number; rowName?: string }): SourceError {
+    return { file: this.file, ...this.position(node), ...row, message };
+  }
+}
+
+function firstLine(message: string): string {
+  return message.split('\n')[0] ?? message;
+}
+
+export const isYamlMap = (node: unknown): node is YAMLMap<unknown, unknown> => isMap(node);
+export const isYamlSeq = isSeq;
+export const isYamlScalar = isScalar;
+
+/** The pairs of a map with their key as a string (keys that are not plain scalars read as their text). */
+export function entries(map: YAMLMap<unknown, unknown>): Array<{ key: string; pair: Pair<unknown, unknown>; value: unknown }> {
+  return map.items.map((pair) => ({
+    key: isScalar(pair.key) ? String(pair.key.value) : String(pair.key),
+    pair,
+    value: pair.value,
+  }));
+}
+
+/** Describes a scalar's value for an error message: `60`, `"60"`, `true`, `null`. */
+export function describe(node: unknown): string {
+  if (isScalar(node)) return JSON.stringify(node.value) ?? String(node.value);
+  if (isMap(node)) return 'a mapping';
+  if (isSeq(node)) return 'a list';
+  return 'nothing';
+}
+
+export function scalarValue(node: unknown): unknown {
+  return isScalar(node) ? node.value : undefined;
+}

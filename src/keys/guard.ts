@@ -1,0 +1,50 @@
+import { LRUCache } from 'lru-cache';
+import { RateLimiterMemory, RateLimiterRedis, RateLimiterRes, type RateLimiterAbstract } from 'rate-limiter-flexible';
+import type { RedisClient } from '../redis/connection.js';
+
+/**
+ * Throttles clients that send missing or unknown API keys (INTERFACE §10): after `attempts`
+ * failures within `windowSeconds` from one address, every request from that address is
+ * answered 429 for `windowSeconds`, so keys cannot be guessed and the 401 path is no free
+ * flood. Counting is rate-limiter-flexible's: in Redis (shared by every instance) with an
+ * in-memory insurance limiter, or in memory alone. The block itself is also remembered here,
+ * so a blocked address is refused without any store call.
+ */
+
+export class InvalidKeyGuard {
+  readonly #limiter: RateLimiterAbstract;
+  readonly #blocked: LRUCache<string, number>;
+  readonly #now: () => number;
+
+  constructor(options: { client?: RedisClient | undefined; prefix: string; attempts: number; windowSeconds: number; now?: () => number }) {
+    const policy = { points: options.attempts, duration: options.windowSeconds, blockDuration: options.windowSeconds };
+    const memory = new RateLimiterMemory({ ...policy, keyPrefix: 'badkey' });
+    this.#limiter = options.client
+      ? new RateLimiterRedis({ ...policy, storeClient: options.client, keyPrefix: `${options.prefix}badkey`, insuranceLimiter: memory, rejectIfRedisNotReady: true })
+      : memory;
+    this.#now = options.now ?? Date.now;
+    this.#blocked = new LRUCache({ max: 100_000 });
+  }
+
+  /** Milliseconds this address stays blocked (0: not blocked). */
+  blockedFor(address: string): number {
+    const until = this.#blocked.get(address);
+    if (until === undefined) return 0;
+    const left = until - this.#now();
+    if (left <= 0) this.#blocked.delete(address);
+    return Math.max(0, left);
+  }
+
+  /** Records one failed attempt; returns the milliseconds the address is now blocked for (0: not blocked). */
+  async failed(address: string): Promise<number> {
+    try {
+      await this.#limiter.consume(address);
+      return 0;
+    } catch (res) {
+      if (!(res instanceof RateLimiterRes)) return 0; // the store failed and so did its insurance: do not block on a fault
+      const ms = Math.max(1000, res.msBeforeNext);
+      this.#blocked.set(address, this.#now() + ms, { ttl: ms });
+      return ms;
+    }
+  }
+}

@@ -1,0 +1,240 @@
+import { LRUCache } from 'lru-cache';
+import type { LimitRow, RowLimits } from '../config/limit-table.js';
+import { StoreUnavailableError, type CounterStore, type Counts, type Usage } from './store.js';
+import { secondsUntil, systemClock, type Clock, type WindowCalendar, type Windows } from './windows.js';
+
+/**
+ * The limiting policy, in one place: which windows apply, asking the store, refusing from
+ * memory a key that has already spent a window, and what happens while the store is away.
+ */
+
+export type FailureMode = 'insurance' | 'open' | 'closed';
+
+export interface WindowState {
+  readonly limit: number;
+  readonly used: number;
+  readonly remaining: number;
+  /** Epoch milliseconds at which the window ends. */
+  readonly resetAt: number;
+}
+
+export type Spent = 'hour' | 'day' | 'both';
+
+export type Decision =
+  | {
+      readonly kind: 'counted';
+      readonly allowed: boolean;
+      /**
+       * The windows that are full: why a request was refused, or for a shadow row, the
+       * windows it went past (it would have been refused).
+       */
+      readonly spent: Spent | undefined;
+      readonly hour: WindowState;
+      readonly day: WindowState;
+      /** `store`: the counter store; `cache`: refused from memory; `insurance`: per-instance counters while the store is away. */
+      readonly source: 'store' | 'cache' | 'insurance';
+      /** The instant the decision was taken (epoch ms); reset times are counted from it. */
+      readonly at: number;
+    }
+  /** `open` failure mode while the store is away: admitted without counting. */
+  | { readonly kind: 'uncounted'; readonly allowed: true }
+  /** `closed` failure mode while the store is away. */
+  | { readonly kind: 'unavailable'; readonly allowed: false };
+
+export interface LimitRequest {
+  readonly keyHash: string;
+  readonly row: LimitRow;
+  readonly limits: RowLimits;
+  readonly calendar: WindowCalendar;
+}
+
+export interface LimiterObserver {
+  storeError(kind: StoreUnavailableError['kind']): void;
+  fallback(mode: FailureMode): void;
+  storeCall(): void;
+}
+
+export interface LimiterOptions {
+  readonly store: CounterStore;
+  /** Per-instance counters used while `store` is away in `insurance` mode. */
+  readonly insurance?: CounterStore | undefined;
+  readonly failureMode: FailureMode;
+  readonly clock?: Clock;
+  readonly observer?: LimiterObserver;
+  /** After a store failure, requests skip the store for this long, then try it again. */
+  readonly retryStoreAfterMs?: number;
+  /** Bound on remembered spent (key, row) pairs. */
+  readonly maxSpentEntries?: number;
+}
+
+/** A (key, row) pair known to be spent until `until`: refused without asking the store. */
+interface SpentEntry {
+  readonly until: number;
+  readonly hourStart: number;
+  readonly hourUsed: number;
+  readonly dayUsed: number;
+}
+
+/** Counters are kept a little past the end of their day, so instances with skewed clocks still find them. */
+const EXPIRY_SLACK_MS = 3_600_000;
+
+export class Limiter {
+  readonly #store: CounterStore;
+  readonly #insurance: CounterStore | undefined;
+  readonly #mode: FailureMode;
+  readonly #clock: Clock;
+  readonly #observer: LimiterObserver | undefined;
+  readonly #retryAfterMs: number;
+  readonly #spent: LRUCache<string, SpentEntry>;
+  #storeDownUntil = 0;
+  #lastStoreError: string | undefined;
+  /** Bumped whenever remembered refusals are forgotten; an answer that started before cannot be remembered after. */
+  #generation = 0;
+
+  constructor(options: LimiterOptions) {
+    if (options.failureMode === 'insurance' && !options.insurance) throw new Error('insurance mode needs an insurance store');
+    this.#store = options.store;
+    this.#insurance = options.insurance;
+    this.#mode = options.failureMode;
+    this.#clock = options.clock ?? systemClock;
+    this.#observer = options.observer;
+    this.#retryAfterMs = options.retryStoreAfterMs ?? 1000;
+    this.#spent = new LRUCache({ max: options.maxSpentEntries ?? 100_000 });
+  }
+
+  get failureMode(): FailureMode {
+    return this.#mode;
+  }
+
+  /** Whether the store failed recently (the last failure, for /readyz). */
+  storeTrouble(): string | undefined {
+    return this.#clock.now() < this.#storeDownUntil ? this.#lastStoreError : undefined;
+  }
+
+  async check(request: LimitRequest): Promise<Decision> {
+    const now = this.#clock.now();
+    const windows = request.calendar.at(now);
+    const { row, limits } = request;
+    const spentKey = request.keyHash + ':' + row.counterId;
+
+    if (!row.shadow) {
+      const known = this.#spent.get(spentKey);
+      if (known && now < known.until) {
+        const hourUsed = known.hourStart === windows.hourStart ? known.hourUsed : 0;
+        return decide(false, hourUsed, known.dayUsed, limits, windows, 'cache', false, now);
+      }
+    }
+
+    const consume = {
+      keyHash: request.keyHash,
+      counterId: row.counterId,
+      hourStart: windows.hourStart / 1000,
+      dayStart: windows.dayStart / 1000,
+      hourLimit: limits.perHour,
+      dayLimit: limits.perDay,
+      expireAt: windows.dayEnd + EXPIRY_SLACK_MS,
+      force: row.shadow,
+    };
+
+    let counts: Counts;
+    let source: 'store' | 'insurance' = 'store';
+    const generation = this.#generation;
+    if (now >= this.#storeDownUntil) {
+      try {
+        this.#observer?.storeCall();
+        counts = await this.#store.consume(consume);
+      } catch (err) {
+        if (!(err instanceof StoreUnavailableError)) throw err;
+        this.#storeFailed(err);
+        const fallback = await this.#fallback(consume);
+        if (fallback.kind !== 'counted') return fallback;
+        ({ counts, source } = fallback);
+      }
+    } else {
+      const fallback = await this.#fallback(consume);
+      if (fallback.kind !== 'counted') return fallback;
+      ({ counts, source } = fallback);
+    }
+
+    const decision = decide(counts.allowed, counts.hour, counts.day, limits, windows, source, row.shadow, now);
+    if (!counts.allowed && source === 'store' && generation === this.#generation && decision.kind === 'counted') {
+      // Counters only grow until their window ends, so the pair stays spent until then on every instance.
+      const until = Math.max(decision.spent !== 'day' ? windows.hourEnd : 0, decision.spent !== 'hour' ? windows.dayEnd : 0);
+      this.#spent.set(spentKey, { until, hourStart: windows.hourStart, hourUsed: counts.hour, dayUsed: counts.day }, { ttl: until - now });
+    }
+    return decision;
+  }
+
+  /** What one key has used on the given rows, from the counter store. */
+  async usage(keyHash: string, rows: readonly LimitRow[], calendar: WindowCalendar): Promise<Usage[]> {
+    const windows = calendar.at(this.#clock.now());
+    const ids = rows.map((row) => ({ counterId: row.counterId, hourStart: windows.hourStart / 1000, dayStart: windows.dayStart / 1000 }));
+    return this.#store.usage(keyHash, ids);
+  }
+
+  /** Drops a key's counters on the given rows, in the store and in this instance's memory. */
+  async reset(keyHash: string, rows: readonly LimitRow[]): Promise<void> {
+    const ids = rows.map((row) => row.counterId);
+    this.forgetKey(keyHash);
+    await this.#insurance?.reset(keyHash, ids);
+    await this.#store.reset(keyHash, ids);
+  }
+
+  /** Forgets remembered refusals of one key (its counters were reset, or its plan changed). */
+  forgetKey(keyHash: string): void {
+    this.#generation++;
+    for (const key of this.#spent.keys()) if (key.startsWith(keyHash + ':')) this.#spent.delete(key);
+  }
+
+  /** Forgets every remembered refusal (the table changed: a window may have room now). */
+  forgetAll(): void {
+    this.#generation++;
+    this.#spent.clear();
+  }
+
+  #storeFailed(err: StoreUnavailableError): void {
+    this.#observer?.storeError(err.kind);
+    this.#lastStoreError = err.message;
+    this.#storeDownUntil = this.#clock.now() + this.#retryAfterMs;
+  }
+
+  async #fallback(consume: Parameters<CounterStore['consume']>[0]): Promise<
+    { kind: 'counted'; counts: Counts; source: 'insurance' } | Extract<Decision, { kind: 'uncounted' | 'unavailable' }>
+  > {
+    this.#observer?.fallback(this.#mode);
+    if (this.#mode === 'open') return { kind: 'uncounted', allowed: true };
+    if (this.#mode === 'closed' || !this.#insurance) return { kind: 'unavailable', allowed: false };
+    return { kind: 'counted', counts: await this.#insurance.consume(consume), source: 'insurance' };
+  }
+}
+
+function decide(
+  allowed: boolean,
+  hourUsed: number,
+  dayUsed: number,
+  limits: RowLimits,
+  windows: Windows,
+  source: 'store' | 'cache' | 'insurance',
+  shadow: boolean,
+  at: number,
+): Decision {
+  // A refusal names the full windows; a shadow admission names those it went past.
+  const hourFull = allowed ? shadow && hourUsed > limits.perHour : hourUsed >= limits.perHour;
+  const dayFull = allowed ? shadow && dayUsed > limits.perDay : dayUsed >= limits.perDay;
+  return {
+    kind: 'counted',
+    allowed,
+    spent: hourFull ? (dayFull ? 'both' : 'hour') : dayFull ? 'day' : undefined,
+    hour: { limit: limits.perHour, used: hourUsed, remaining: Math.max(0, limits.perHour - hourUsed), resetAt: windows.hourEnd },
+    day: { limit: limits.perDay, used: dayUsed, remaining: Math.max(0, limits.perDay - dayUsed), resetAt: windows.dayEnd },
+    source,
+    at,
+  };
+}
+
+/** Seconds until a refused request could next be allowed: the reset of the spent window, or the later one. */
+export function retryAfterSeconds(decision: Extract<Decision, { kind: 'counted' }>, now: number): number {
+  const hour = decision.spent === 'hour' || decision.spent === 'both' ? decision.hour.resetAt : 0;
+  const day = decision.spent === 'day' || decision.spent === 'both' ? decision.day.resetAt : 0;
+  return Math.max(1, secondsUntil(Math.max(hour, day), now));
+}

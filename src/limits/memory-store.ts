@@ -1,0 +1,60 @@
+import { LRUCache } from 'lru-cache';
+import { countStep, type ConsumeRequest, type CounterStore, type Counts, type Usage, type WindowIds } from './store.js';
+
+/**
+ * Counters in this process: the store when no Redis is configured (one instance only), and
+ * the insurance store while Redis is away. Bounded: at most `maxCounters` (API key, row)
+ * pairs, each dropped at the end of its day; past the bound the least recently used pair is
+ * forgotten, which can only ever admit more, never refuse wrongly.
+ */
+
+interface Entry {
+  hourStart: number;
+  hour: number;
+  dayStart: number;
+  day: number;
+}
+
+export const DEFAULT_MAX_COUNTERS = 200_000;
+
+export class MemoryCounterStore implements CounterStore {
+  readonly #entries: LRUCache<string, Entry>;
+  readonly #now: () => number;
+
+  constructor(options: { maxCounters?: number; now?: () => number } = {}) {
+    this.#now = options.now ?? Date.now;
+    this.#entries = new LRUCache<string, Entry>({
+      max: options.maxCounters ?? DEFAULT_MAX_COUNTERS,
+      ttlAutopurge: false,
+      perf: { now: () => this.#now() },
+    });
+  }
+
+  get size(): number {
+    return this.#entries.size;
+  }
+
+  async consume(request: ConsumeRequest): Promise<Counts> {
+    const key = request.keyHash + ':' + request.counterId;
+    const next = countStep(this.#entries.get(key), request);
+    if (next.allowed) {
+      const ttl = Math.max(1, request.expireAt - this.#now());
+      this.#entries.set(key, { hourStart: next.hourStart, hour: next.hour, dayStart: next.dayStart, day: next.day }, { ttl });
+    }
+    return { allowed: next.allowed, hour: next.hour, day: next.day };
+  }
+
+  async usage(keyHash: string, rows: ReadonlyArray<{ readonly counterId: string } & WindowIds>): Promise<Usage[]> {
+    return rows.map((row) => {
+      const entry = this.#entries.get(keyHash + ':' + row.counterId);
+      return {
+        hour: entry && entry.hourStart >= row.hourStart ? entry.hour : 0,
+        day: entry && entry.dayStart >= row.dayStart ? entry.day : 0,
+      };
+    });
+  }
+
+  async reset(keyHash: string, counterIds: readonly string[]): Promise<void> {
+    for (const id of counterIds) this.#entries.delete(keyHash + ':' + id);
+  }
+}

@@ -1,0 +1,94 @@
+/**
+ * The counter-store contract. A backend implements three small methods; the policy (windows,
+ * plans, refusal cache, what to do while the store is away) lives in the limiter.
+ *
+ * One counter holds both windows of one (API key, row) pair. `consume` is a single atomic
+ * step: when both windows have room it adds one to each, otherwise it changes nothing, so a
+ * refused request uses none of either window (INTERFACE §5.3).
+ */
+
+export interface CounterKey {
+  /** Hash of the API key (the key itself never reaches a store). */
+  readonly keyHash: string;
+  /** `LimitRow.counterId`. */
+  readonly counterId: string;
+}
+
+export interface WindowIds {
+  /** Start of the hour window, epoch seconds. */
+  readonly hourStart: number;
+  /** Start of the day window, epoch seconds. */
+  readonly dayStart: number;
+}
+
+export interface ConsumeRequest extends CounterKey, WindowIds {
+  readonly hourLimit: number;
+  readonly dayLimit: number;
+  /** Epoch milliseconds after which the counter may be dropped (the end of its day, plus slack). */
+  readonly expireAt: number;
+  /** Count even past the limits (shadow rows: counted, never refused). */
+  readonly force: boolean;
+}
+
+export interface Counts {
+  readonly allowed: boolean;
+  /** Units used in the hour and day windows after this step. */
+  readonly hour: number;
+  readonly day: number;
+}
+
+export interface Usage {
+  readonly hour: number;
+  readonly day: number;
+}
+
+export interface CounterStore {
+  consume(request: ConsumeRequest): Promise<Counts>;
+  /** Units used by one key in the given windows of several rows, in the order asked. */
+  usage(keyHash: string, rows: ReadonlyArray<{ readonly counterId: string } & WindowIds>): Promise<Usage[]>;
+  /** Drops the counters of one key on the given rows. */
+  reset(keyHash: string, counterIds: readonly string[]): Promise<void>;
+}
+
+/**
+ * The store could not answer (unreachable, timed out, refused the command). Told apart from
+ * an over-limit answer by type, so a store fault never reads as a refusal or an admission.
+ */
+export class StoreUnavailableError extends Error {
+  readonly kind: 'timeout' | 'connection' | 'reply';
+
+  constructor(kind: 'timeout' | 'connection' | 'reply', message: string, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = 'StoreUnavailableError';
+    this.kind = kind;
+  }
+}
+
+/**
+ * The counting rule shared by every backend (the Redis Lua script mirrors it line by line).
+ * Windows only move forward: when another instance, whose clock is slightly ahead, has already
+ * started the next window, this step counts in that window rather than resetting it.
+ */
+export function countStep(
+  stored: { hourStart: number; hour: number; dayStart: number; day: number } | undefined,
+  request: ConsumeRequest,
+): { allowed: boolean; hourStart: number; hour: number; dayStart: number; day: number } {
+  let hourStart = request.hourStart;
+  let dayStart = request.dayStart;
+  let hour = 0;
+  let day = 0;
+  if (stored) {
+    if (stored.hourStart >= hourStart) {
+      hourStart = stored.hourStart;
+      hour = stored.hour;
+    }
+    if (stored.dayStart >= dayStart) {
+      dayStart = stored.dayStart;
+      day = stored.day;
+    }
+  }
+  if (!request.force && (hour >= request.hourLimit || day >= request.dayLimit)) {
+    return { allowed: false, hourStart, hour, dayStart, day };
+  }
+  return { allowed: true, hourStart, hour: hour + 1, dayStart, day: day + 1 };
+}

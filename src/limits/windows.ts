@@ -1,0 +1,60 @@
+import { DateTime, IANAZone } from 'luxon';
+
+/**
+ * Fixed windows of the limit table: each clock hour, and each day from 00:00, both in the
+ * table's timezone (so a +05:30 zone has hours starting at :30 UTC, and a DST day lasts 23 or
+ * 25 hours). Window boundaries are computed once per hour; the request path only compares
+ * two numbers.
+ */
+
+export interface Clock {
+  now(): number;
+}
+
+export const systemClock: Clock = { now: () => Date.now() };
+
+/** The windows in force at one instant, in epoch milliseconds. */
+export interface Windows {
+  readonly hourStart: number;
+  readonly hourEnd: number;
+  readonly dayStart: number;
+  readonly dayEnd: number;
+}
+
+export function isValidTimezone(zone: string): boolean {
+  return IANAZone.isValidZone(zone);
+}
+
+export class WindowCalendar {
+  readonly timezone: string;
+  #current: Windows | undefined;
+
+  constructor(timezone: string) {
+    if (!isValidTimezone(timezone)) throw new Error(`unknown timezone "${timezone}"`);
+    this.timezone = timezone;
+  }
+
+  at(now: number): Windows {
+    const current = this.#current;
+    if (current && now >= current.hourStart && now < current.hourEnd && now >= current.dayStart && now < current.dayEnd) {
+      return current;
+    }
+    const instant = DateTime.fromMillis(now, { zone: this.timezone });
+    const hour = instant.startOf('hour');
+    const day = instant.startOf('day');
+    const windows: Windows = {
+      hourStart: hour.toMillis(),
+      // "hours" are exact durations in luxon, so this is the next clock hour even across DST.
+      hourEnd: hour.plus({ hours: 1 }).toMillis(),
+      dayStart: day.toMillis(),
+      dayEnd: day.plus({ days: 1 }).startOf('day').toMillis(),
+    };
+    this.#current = windows;
+    return windows;
+  }
+}
+
+/** Whole seconds until `end`, never 0 while the window is still open. */
+export function secondsUntil(end: number, now: number): number {
+  return Math.max(0, Math.ceil((end - now) / 1000));
+}

@@ -1,0 +1,132 @@
+import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
+import type { FailureMode, LimiterObserver } from '../limits/limiter.js';
+import type { StoreUnavailableError } from '../limits/store.js';
+
+/**
+ * Prometheus metrics (prom-client). Label values stay bounded: `endpoint` is the route of a
+ * table row (or `unmatched`), never a raw path or a key. Children are cached so that the
+ * request path does one map lookup per metric instead of prom-client's label hashing.
+ */
+
+export const UNMATCHED = 'unmatched';
+
+const LATENCY_BUCKETS = [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10];
+
+export class GatewayMetrics implements LimiterObserver {
+  readonly registry = new Registry();
+
+  readonly requests = new Counter({
+    name: 'oapi_gateway_requests_total',
+    help: 'Public requests answered, by endpoint (table route) and status code.',
+    labelNames: ['endpoint', 'status'] as const,
+    registers: [this.registry],
+  });
+  readonly refusals = new Counter({
+    name: 'oapi_gateway_refusals_total',
+    help: 'Requests refused for a spent window (shadow="true": counted on a shadow row, which would have refused them).',
+    labelNames: ['endpoint', 'window', 'shadow'] as const,
+    registers: [this.registry],
+  });
+  readonly nearLimit = new Counter({
+    name: 'oapi_gateway_near_limit_total',
+    help: 'Allowed requests that left less than 10% of a window.',
+    labelNames: ['endpoint', 'window'] as const,
+    registers: [this.registry],
+  });
+  readonly requestDuration = new Histogram({
+    name: 'oapi_gateway_request_duration_seconds',
+    help: 'Time from request to the end of the answer, by endpoint.',
+    labelNames: ['endpoint'] as const,
+    buckets: LATENCY_BUCKETS,
+    registers: [this.registry],
+  });
+  readonly upstreamDuration = new Histogram({
+    name: 'oapi_gateway_upstream_duration_seconds',
+    help: 'Time from forwarding to the bridge answer headers, by bridge.',
+    labelNames: ['bridge'] as const,
+    buckets: LATENCY_BUCKETS,
+    registers: [this.registry],
+  });
+  readonly storeCalls = new Counter({
+    name: 'oapi_gateway_store_calls_total',
+    help: 'Counter-store calls made on the request path (each one round trip).',
+    registers: [this.registry],
+  });
+  readonly storeErrors = new Counter({
+    name: 'oapi_gateway_store_errors_total',
+    help: 'Counter-store calls that failed, by kind (timeout, connection, reply).',
+    labelNames: ['kind'] as const,
+    registers: [this.registry],
+  });
+  readonly storeFallbacks = new Counter({
+    name: 'oapi_gateway_store_fallbacks_total',
+    help: 'Requests decided without the counter store, by REDIS_FAILURE_MODE.',
+    labelNames: ['mode'] as const,
+    registers: [this.registry],
+  });
+  readonly reloads = new Counter({
+    name: 'oapi_gateway_limits_reloads_total',
+    help: 'Limit-table loads, by result (ok, unchanged, invalid).',
+    labelNames: ['result'] as const,
+    registers: [this.registry],
+  });
+  readonly tableLoaded = new Gauge({
+    name: 'oapi_gateway_limits_loaded_timestamp_seconds',
+    help: 'When the limit table in force was loaded.',
+    registers: [this.registry],
+  });
+  readonly tableRows = new Gauge({
+    name: 'oapi_gateway_limits_rows',
+    help: 'Rows of the limit table in force.',
+    registers: [this.registry],
+  });
+  readonly websockets = new Gauge({
+    name: 'oapi_gateway_websocket_connections',
+    help: 'Open proxied WebSocket connections, by endpoint.',
+    labelNames: ['endpoint'] as const,
+    registers: [this.registry],
+  });
+  readonly invalidKeys = new Counter({
+    name: 'oapi_gateway_invalid_keys_total',
+    help: 'Requests with a missing or unknown API key, by outcome (rejected: 401, throttled: 429).',
+    labelNames: ['outcome'] as const,
+    registers: [this.registry],
+  });
+
+  readonly #requestChildren = new Map<string, { inc(): void }>();
+  readonly #durationChildren = new Map<string, { observe(v: number): void }>();
+  readonly #upstreamChildren = new Map<string, { observe(v: number): void }>();
+
+  constructor(options: { defaultMetrics?: boolean } = {}) {
+    if (options.defaultMetrics !== false) collectDefaultMetrics({ register: this.registry, prefix: 'oapi_gateway_' });
+  }
+
+  request(endpoint: string, status: number, seconds: number): void {
+    const key = endpoint + ' ' + status;
+    let counter = this.#requestChildren.get(key);
+    if (!counter) this.#requestChildren.set(key, (counter = this.requests.labels(endpoint, String(status))));
+    counter.inc();
+    let histogram = this.#durationChildren.get(endpoint);
+    if (!histogram) this.#durationChildren.set(endpoint, (histogram = this.requestDuration.labels(endpoint)));
+    histogram.observe(seconds);
+  }
+
+  upstream(bridge: string, seconds: number): void {
+    let histogram = this.#upstreamChildren.get(bridge);
+    if (!histogram) this.#upstreamChildren.set(bridge, (histogram = this.upstreamDuration.labels(bridge)));
+    histogram.observe(seconds);
+  }
+
+  // LimiterObserver
+  storeCall(): void {
+    this.storeCalls.inc();
+  }
+
+  storeError(kind: StoreUnavailableError['kind']): void {
+    this.storeErrors.labels(kind).inc();
+  }
+
+  fallback(mode: FailureMode): void {
+    this.storeFallbacks.labels(mode).inc();
+  }
+}

@@ -1,0 +1,348 @@
+import http, { type ClientRequest, type IncomingMessage, type ServerResponse } from 'node:http';
+import https from 'node:https';
+import type { Socket } from 'node:net';
+import { Readable, type Duplex } from 'node:stream';
+import { createProxyMiddleware, proxyEventsPlugin, type RequestHandler } from 'http-proxy-middleware';
+import { BRIDGES, type BridgeName } from '../config/settings.js';
+import type { HeaderList } from '../limits/headers.js';
+import { rawAnswer, writeAnswer } from '../server/answers.js';
+import { prepareRequestHeaders, responseHeaderList } from './headers.js';
+
+/**
+ * Forwarding to the bridges (INTERFACE §5.5) with http-proxy-middleware: one proxy and one
+ * keep-alive agent per bridge. The bridge's status, headers and body come back unchanged, in
+ * one `writeHead` with the gateway's usage headers added. A bridge that cannot be reached
+ * gets the client a 502, one that has not answered within `timeoutMs` a 504; once the
+ * bridge's status line was sent, a broken or stalled bridge closes the client connection.
+ */
+
+export interface ForwardRequest {
+  readonly incoming: IncomingMessage;
+  readonly outgoing: ServerResponse;
+  readonly bridge: BridgeName;
+  /** Normalised path and the original query. */
+  readonly target: string;
+  /** A body the gateway already read (credential routes); otherwise the client's body is streamed. */
+  readonly body: Buffer | undefined;
+  readonly maxBodyBytes: number;
+  readonly requestId: string;
+  readonly clientAddress: string;
+  /** Added to the bridge's answer, and to a 502/504/413 the forwarder writes. */
+  readonly answerHeaders: HeaderList;
+}
+
+export type ForwardOutcome = 'answered' | 'unreachable' | 'timeout' | 'too-large' | 'broken' | 'client-gone';
+
+export interface ForwardResult {
+  readonly status: number;
+  /** Milliseconds until the bridge's status line (absent when it never came). */
+  readonly upstreamMs: number | undefined;
+  readonly outcome: ForwardOutcome;
+}
+
+export interface UpgradeRequest {
+  readonly incoming: IncomingMessage;
+  readonly socket: Duplex;
+  readonly head: Buffer;
+  readonly bridge: BridgeName;
+  readonly target: string;
+  readonly requestId: string;
+  readonly clientAddress: string;
+  /** Called when the bridge accepted the upgrade, as the two sockets are joined. */
+  readonly onOpen: (client: Duplex, bridge: Socket) => void;
+  readonly onDone: (status: number) => void;
+}
+
+interface Exchange {
+  readonly request: ForwardRequest;
+  readonly started: number;
+  readonly timer: NodeJS.Timeout;
+  readonly resolve: (result: ForwardResult) => void;
+  proxyReq: ClientRequest | undefined;
+  status: number | undefined;
+  upstreamMs: number | undefined;
+  outcome: ForwardOutcome | undefined;
+  retried: boolean;
+}
+
+interface UpgradeExchange {
+  readonly request: UpgradeRequest;
+  readonly timer: NodeJS.Timeout;
+  settled: boolean;
+}
+
+const EXCHANGE = Symbol('oapi.exchange');
+const UPGRADE = Symbol('oapi.upgrade');
+type Tagged = IncomingMessage & { [EXCHANGE]?: Exchange; [UPGRADE]?: UpgradeExchange };
+
+const RETRYABLE = new Set(['GET', 'HEAD']);
+
+export interface ForwarderOptions {
+  readonly bridges: Readonly<Record<BridgeName, URL>>;
+  readonly timeoutMs: number;
+  readonly onError?: (err: Error, context: { bridge: BridgeName; phase: string }) => void;
+}
+
+export class Forwarder {
+  readonly #proxies = new Map<BridgeName, RequestHandler>();
+  readonly #agents: Array<http.Agent>;
+  readonly #timeoutMs: number;
+  readonly #onError: NonNullable<ForwarderOptions['onError']>;
+
+  constructor(options: ForwarderOptions) {
+    this.#timeoutMs = options.timeoutMs;
+    this.#onError = options.onError ?? (() => {});
+    this.#agents = [];
+    for (const bridge of BRIDGES) {
+      const url = options.bridges[bridge];
+      const secure = url.protocol === 'https:';
+      const agent = new (secure ? https.Agent : http.Agent)({ keepAlive: true, keepAliveMsecs: 1000, maxFreeSockets: 256, scheduling: 'lifo' });
+      this.#agents.push(agent);
+      this.#proxies.set(bridge, this.#createProxy(bridge, url, agent));
+    }
+  }
+
+  /** Forwards one request; resolves when the client's answer is complete (or the client left). */
+  forward(request: ForwardRequest): Promise<ForwardResult> {
+    return new Promise((resolve) => {
+      const { incoming, outgoing } = request;
+      const exchange: Exchange = {
+        request,
+        started: performance.now(),
+        timer: setTimeout(() => this.#timedOut(exchange), this.#timeoutMs),
+        resolve,
+        proxyReq: undefined,
+        status: undefined,
+        upstreamMs: undefined,
+        outcome: undefined,
+        retried: false,
+      };
+      outgoing.once('close', () => {
+        clearTimeout(exchange.timer);
+        if (!outgoing.writableFinished) {
+          exchange.outcome ??= 'client-gone';
+          exchange.proxyReq?.destroy();
+        }
+        resolve({ status: exchange.status ?? outgoing.statusCode, upstreamMs: exchange.upstreamMs, outcome: exchange.outcome ?? 'answered' });
+      });
+
+      prepareRequestHeaders(incoming.headers, {
+        clientAddress: request.clientAddress,
+        proto: isEncrypted(incoming) ? 'https' : 'http',
+        requestId: request.requestId,
+        bodyLength: request.body?.length,
+      });
+      if (!request.body && incoming.headers['transfer-encoding'] !== undefined) this.#capStreamedBody(exchange);
+      this.#send(exchange);
+    });
+  }
+
+  /** Hands an accepted WebSocket upgrade to the bridge (INTERFACE §8); frames then flow both ways. */
+  upgrade(request: UpgradeRequest): void {
+    const { incoming, socket } = request;
+    const exchange: UpgradeExchange = {
+      request,
+      settled: false,
+      timer: setTimeout(() => this.#upgradeFailed(exchange, 504, 'Bridge did not answer in time'), this.#timeoutMs),
+    };
+    socket.once('close', () => clearTimeout(exchange.timer));
+    prepareRequestHeaders(incoming.headers, {
+      clientAddress: request.clientAddress,
+      proto: isEncrypted(incoming) ? 'https' : 'http',
+      requestId: request.requestId,
+      upgrade: true,
+    });
+    incoming.url = request.target;
+    (incoming as Tagged)[UPGRADE] = exchange;
+    const proxy = this.#proxies.get(request.bridge) as RequestHandler & { upgrade: (req: IncomingMessage, socket: Duplex, head: Buffer) => void };
+    proxy.upgrade(incoming, socket, request.head);
+  }
+
+  close(): void {
+    for (const agent of this.#agents) agent.destroy();
+  }
+
+  #send(exchange: Exchange): void {
+    const { request } = exchange;
+    const source = request.body ? bufferedRequest(request.incoming, request.body) : request.incoming;
+    source.url = request.target;
+    (source as Tagged)[EXCHANGE] = exchange;
+    const proxy = this.#proxies.get(request.bridge) as RequestHandler;
+    void proxy(source, request.outgoing, (err?: unknown) => {
+      if (err) this.#failed(exchange, err as Error);
+    });
+  }
+
+  #createProxy(bridge: BridgeName, url: URL, agent: http.Agent): RequestHandler {
+    const hostname = url.hostname.replace(/^\[(.*)\]$/, '$1');
+    // A pre-parsed target spares http-proxy a URL parse per request.
+    const target = { protocol: url.protocol, host: url.hostname, hostname, port: url.port || (url.protocol === 'https:' ? '443' : '80'), path: url.pathname === '/' ? '' : url.pathname };
+    return createProxyMiddleware<IncomingMessage, ServerResponse>({
+      target: target as never,
+      agent,
+      changeOrigin: true,
+      // The path is already normalised and joined with its query: take it as it is.
+      toProxy: true,
+      selfHandleResponse: true,
+      ejectPlugins: true,
+      plugins: [proxyEventsPlugin],
+      on: {
+        proxyReq: (proxyReq, req) => {
+          const exchange = (req as Tagged)[EXCHANGE];
+          if (!exchange) return;
+          if (exchange.outcome !== undefined) {
+            proxyReq.destroy();
+            return;
+          }
+          exchange.proxyReq = proxyReq;
+        },
+        proxyRes: (proxyRes, req, res) => this.#answer((req as Tagged)[EXCHANGE], proxyRes, res),
+        error: (err, req, res) => {
+          const upgrade = (req as Tagged)[UPGRADE];
+          if (upgrade) {
+            this.#onError(err, { bridge, phase: 'upgrade' });
+            this.#upgradeFailed(upgrade, 502, 'Bridge unreachable');
+            return;
+          }
+          const exchange = (req as Tagged)[EXCHANGE];
+          if (exchange) this.#failed(exchange, err);
+          else if (res && 'destroy' in res) (res as Duplex).destroy();
+        },
+        proxyReqWs: (proxyReq, req) => {
+          const upgrade = (req as Tagged)[UPGRADE];
+          if (!upgrade) return;
+          proxyReq.once('upgrade', (_res, bridgeSocket: Socket) => {
+            upgrade.settled = true;
+            clearTimeout(upgrade.timer);
+            // http-proxy joins the sockets right after this listener, in the same tick: anyone
+            // watching the streams must start watching now, before a byte flows.
+            upgrade.request.onOpen(upgrade.request.socket, bridgeSocket);
+            upgrade.request.onDone(101);
+          });
+          proxyReq.once('response', (res: IncomingMessage) => {
+            // The bridge refused the upgrade; http-proxy passes its answer through as it is.
+            upgrade.settled = true;
+            clearTimeout(upgrade.timer);
+            upgrade.request.onDone(res.statusCode ?? 502);
+          });
+        },
+      },
+    });
+  }
+
+  #answer(exchange: Exchange | undefined, proxyRes: IncomingMessage, res: ServerResponse): void {
+    if (!exchange || exchange.outcome !== undefined || res.headersSent) {
+      proxyRes.destroy();
+      return;
+    }
+    exchange.status = proxyRes.statusCode ?? 502;
+    exchange.upstreamMs = performance.now() - exchange.started;
+    // From here the same timer watches for a bridge that stalls mid-body.
+    exchange.timer.refresh();
+    proxyRes.on('data', () => exchange.timer.refresh());
+    proxyRes.once('error', () => this.#broken(exchange, res));
+    proxyRes.once('aborted', () => this.#broken(exchange, res));
+    proxyRes.once('end', () => clearTimeout(exchange.timer));
+    res.writeHead(exchange.status, proxyRes.statusMessage, responseHeaderList(proxyRes.rawHeaders, proxyRes.headers.connection, exchange.request.answerHeaders));
+    proxyRes.pipe(res);
+  }
+
+  #timedOut(exchange: Exchange): void {
+    if (exchange.status !== undefined) {
+      // Headers were sent and the bridge stalled: all that is left is to close.
+      this.#broken(exchange, exchange.request.outgoing);
+      return;
+    }
+    exchange.outcome = 'timeout';
+    exchange.proxyReq?.destroy();
+    this.#write(exchange, 504, 'Bridge did not answer in time');
+  }
+
+  #failed(exchange: Exchange, err: Error): void {
+    if (exchange.outcome !== undefined) return;
+    const code = (err as NodeJS.ErrnoException).code;
+    if (exchange.status === undefined && !exchange.retried && exchange.proxyReq?.reusedSocket && code === 'ECONNRESET' && RETRYABLE.has(exchange.request.incoming.method ?? '')) {
+      // A kept-alive socket the bridge had just closed: a safe request is sent once more (RFC 9112 §9.3.1).
+      exchange.retried = true;
+      exchange.proxyReq = undefined;
+      this.#send(exchange);
+      return;
+    }
+    this.#onError(err, { bridge: exchange.request.bridge, phase: exchange.status === undefined ? 'request' : 'response' });
+    if (exchange.status !== undefined) {
+      this.#broken(exchange, exchange.request.outgoing);
+      return;
+    }
+    exchange.outcome = 'unreachable';
+    this.#write(exchange, 502, 'Bridge unreachable');
+  }
+
+  #broken(exchange: Exchange, res: ServerResponse): void {
+    clearTimeout(exchange.timer);
+    exchange.outcome ??= 'broken';
+    exchange.proxyReq?.destroy();
+    res.destroy();
+  }
+
+  #write(exchange: Exchange, status: number, message: string, extra: HeaderList = []): void {
+    clearTimeout(exchange.timer);
+    const { outgoing, answerHeaders, requestId } = exchange.request;
+    if (outgoing.headersSent || outgoing.destroyed) {
+      outgoing.destroy();
+      return;
+    }
+    exchange.status = status;
+    writeAnswer(outgoing, status, message, [...answerHeaders, ['X-Request-Id', requestId], ...extra]);
+  }
+
+  /** Streams a body without a length, cutting it off at `maxBodyBytes` instead of buffering it. */
+  #capStreamedBody(exchange: Exchange): void {
+    const { incoming, maxBodyBytes } = exchange.request;
+    let seen = 0;
+    const count = (chunk: Buffer): void => {
+      seen += chunk.length;
+      if (seen <= maxBodyBytes) return;
+      incoming.off('data', count);
+      exchange.outcome = 'too-large';
+      incoming.unpipe();
+      exchange.proxyReq?.destroy();
+      // The rest of the body is never read: the connection closes after the answer.
+      exchange.request.outgoing.shouldKeepAlive = false;
+      this.#write(exchange, 413, `Request body is larger than ${maxBodyBytes} bytes`, [['Connection', 'close']]);
+    };
+    incoming.on('data', count);
+  }
+
+  #upgradeFailed(exchange: UpgradeExchange, status: number, message: string): void {
+    const { socket } = exchange.request;
+    if (exchange.settled) {
+      socket.destroy();
+      return;
+    }
+    exchange.settled = true;
+    clearTimeout(exchange.timer);
+    exchange.request.onDone(status);
+    if (socket.writable) socket.end(rawAnswer(status, message, [['X-Request-Id', exchange.request.requestId]]));
+    else socket.destroy();
+  }
+}
+
+function isEncrypted(incoming: IncomingMessage): boolean {
+  return Boolean((incoming.socket as Socket & { encrypted?: boolean }).encrypted);
+}
+
+/** The client's request with a body the gateway already read, for http-proxy to pipe as if it came from the socket. */
+function bufferedRequest(incoming: IncomingMessage, body: Buffer): IncomingMessage {
+  const stream = Readable.from([body], { objectMode: false });
+  return Object.assign(stream, {
+    method: incoming.method,
+    url: incoming.url,
+    headers: incoming.headers,
+    rawHeaders: incoming.rawHeaders,
+    httpVersion: incoming.httpVersion,
+    httpVersionMajor: incoming.httpVersionMajor,
+    httpVersionMinor: incoming.httpVersionMinor,
+    socket: incoming.socket,
+    connection: incoming.socket,
+  }) as unknown as IncomingMessage;
+}

@@ -1,0 +1,83 @@
+import { Cluster, Redis, type RedisOptions } from 'ioredis';
+
+/**
+ * Redis clients for the counters. Tuned so that no request waits long on a Redis that is
+ * down or slow (INTERFACE §3 REDIS_FAILURE_MODE): commands fail at once while disconnected
+ * (no offline queue), time out after `commandTimeoutMs`, and are never re-sent after a
+ * reconnect (a re-sent increment could count a request twice). Commands issued in the same
+ * tick share one write (auto-pipelining).
+ */
+
+export type RedisClient = Redis | Cluster;
+
+export interface RedisTarget {
+  readonly url?: string | undefined;
+  readonly clusterNodes?: ReadonlyArray<{ host: string; port: number }> | undefined;
+  readonly commandTimeoutMs: number;
+}
+
+const reconnectDelay = (times: number): number => Math.min(50 * 2 ** Math.min(times, 6), 2000);
+
+function commonOptions(commandTimeoutMs: number): RedisOptions {
+  return {
+    commandTimeout: commandTimeoutMs,
+    connectTimeout: Math.max(1000, commandTimeoutMs * 4),
+    maxRetriesPerRequest: 0,
+    autoResendUnfulfilledCommands: false,
+    enableAutoPipelining: true,
+    lazyConnect: true,
+  };
+}
+
+export function createRedisClient(target: RedisTarget): RedisClient {
+  const options = commonOptions(target.commandTimeoutMs);
+  if (target.clusterNodes && target.clusterNodes.length > 0) {
+    return new Cluster([...target.clusterNodes], {
+      enableOfflineQueue: false,
+      enableAutoPipelining: true,
+      lazyConnect: true,
+      clusterRetryStrategy: reconnectDelay,
+      redisOptions: options,
+    });
+  }
+  if (!target.url) throw new Error('createRedisClient: neither a URL nor cluster nodes');
+  return new Redis(target.url, { ...options, enableOfflineQueue: false, retryStrategy: reconnectDelay });
+}
+
+/**
+ * A client for subscribing to the event channel: it keeps an offline queue so that its
+ * subscription survives reconnects (ioredis re-subscribes by itself).
+ */
+export function createSubscriber(target: RedisTarget): RedisClient {
+  const options: RedisOptions = { ...commonOptions(target.commandTimeoutMs), commandTimeout: undefined, enableAutoPipelining: false, maxRetriesPerRequest: null };
+  if (target.clusterNodes && target.clusterNodes.length > 0) {
+    return new Cluster([...target.clusterNodes], { lazyConnect: true, clusterRetryStrategy: reconnectDelay, redisOptions: options });
+  }
+  if (!target.url) throw new Error('createSubscriber: neither a URL nor cluster nodes');
+  return new Redis(target.url, { ...options, retryStrategy: reconnectDelay });
+}
+
+export function isReady(client: RedisClient): boolean {
+  return client.status === 'ready';
+}
+
+/** Connects, waiting at most `timeoutMs`; a Redis that is down at start-up is not fatal (it reconnects by itself). */
+export async function connectWithin(client: RedisClient, timeoutMs: number): Promise<boolean> {
+  if (client.status === 'ready') return true;
+  const connecting = client.status === 'wait' ? client.connect() : waitForReady(client);
+  let timer: NodeJS.Timeout | undefined;
+  const timeout = new Promise<false>((resolve) => {
+    timer = setTimeout(() => resolve(false), timeoutMs);
+  });
+  try {
+    return await Promise.race([connecting.then(() => true), timeout]);
+  } catch {
+    return false;
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+function waitForReady(client: RedisClient): Promise<void> {
+  return new Promise((resolve) => client.once('ready', () => resolve()));
+}

@@ -1,0 +1,81 @@
+import { EventEmitter } from 'node:events';
+import type { RedisClient } from './connection.js';
+import { toStoreError } from './errors.js';
+
+/**
+ * Events every gateway instance must hear at once: a key's counters were reset (forget its
+ * remembered refusals) and the issued keys changed (reload them). Redis pub/sub between
+ * instances; a plain emitter for a single in-memory instance. `resync` is raised locally when
+ * the subscription comes back after a gap, since messages sent during the gap are lost.
+ */
+
+export type GatewayEvent = { readonly type: 'usage-reset'; readonly keyHash: string } | { readonly type: 'keys-changed' } | { readonly type: 'resync' };
+
+export interface EventBus {
+  publish(event: GatewayEvent): Promise<void>;
+  subscribe(listener: (event: GatewayEvent) => void): void;
+  close(): Promise<void>;
+}
+
+export class LocalEventBus implements EventBus {
+  readonly #emitter = new EventEmitter();
+
+  async publish(event: GatewayEvent): Promise<void> {
+    this.#emitter.emit('event', event);
+  }
+
+  subscribe(listener: (event: GatewayEvent) => void): void {
+    this.#emitter.on('event', listener);
+  }
+
+  async close(): Promise<void> {
+    this.#emitter.removeAllListeners();
+  }
+}
+
+export class RedisEventBus implements EventBus {
+  readonly #publisher: RedisClient;
+  readonly #subscriber: RedisClient;
+  readonly #channel: string;
+  readonly #emitter = new EventEmitter();
+  #readyOnce = false;
+
+  constructor(publisher: RedisClient, subscriber: RedisClient, channel: string) {
+    this.#publisher = publisher;
+    this.#subscriber = subscriber;
+    this.#channel = channel;
+    subscriber.on('message', (ch: string, message: string) => {
+      if (ch !== channel) return;
+      try {
+        const event = JSON.parse(message) as GatewayEvent;
+        if (event.type === 'usage-reset' || event.type === 'keys-changed') this.#emitter.emit('event', event);
+      } catch {
+        // not one of ours
+      }
+    });
+    subscriber.on('ready', () => {
+      if (this.#readyOnce) this.#emitter.emit('event', { type: 'resync' } satisfies GatewayEvent);
+      this.#readyOnce = true;
+    });
+    subscriber.subscribe(channel).catch(() => {
+      // retried by ioredis when the connection comes back
+    });
+  }
+
+  async publish(event: GatewayEvent): Promise<void> {
+    try {
+      await this.#publisher.publish(this.#channel, JSON.stringify(event));
+    } catch (err) {
+      throw toStoreError(err);
+    }
+  }
+
+  subscribe(listener: (event: GatewayEvent) => void): void {
+    this.#emitter.on('event', listener);
+  }
+
+  async close(): Promise<void> {
+    this.#emitter.removeAllListeners();
+    this.#subscriber.disconnect();
+  }
+}

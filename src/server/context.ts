@@ -1,0 +1,60 @@
+import type { Duplex } from 'node:stream';
+import type { HttpBindings } from '@hono/node-server';
+import type { LimitRow, LimitTable, RowLimits } from '../config/limit-table.js';
+import type { BridgeName } from '../config/settings.js';
+import type { Decision } from '../limits/limiter.js';
+import type { HeaderList } from '../limits/headers.js';
+import type { Route } from '../limits/route.js';
+
+/** Request-scoped values, filled in as the request flows through the middleware chain. */
+
+/** A WebSocket upgrade runs through the same chain; the final handler takes over the socket. */
+export interface UpgradeBinding {
+  readonly socket: Duplex;
+  readonly head: Buffer;
+}
+
+export type GatewayBindings = HttpBindings & { readonly upgrade?: UpgradeBinding };
+export type GatewayEnv = { Bindings: GatewayBindings };
+
+export interface Client {
+  /** SHA-256 hex of the API key. */
+  readonly keyHash: string;
+  /** Id of the issued key (absent for `API_KEY_MODE=any` keys that were never issued). */
+  readonly keyId: string | undefined;
+  readonly plan: string | undefined;
+}
+
+export interface Endpoint {
+  readonly row: LimitRow;
+  /** The route that matched: the row's `route` or one of its `also` routes. */
+  readonly route: Route;
+  readonly bridge: BridgeName;
+  /** Normalised path. */
+  readonly path: string;
+  /** The query string as sent, with its `?` (or empty). */
+  readonly query: string;
+}
+
+export interface Forwarded {
+  readonly status: number;
+  readonly upstreamMs: number | undefined;
+}
+
+declare module 'hono' {
+  interface ContextVariableMap {
+    requestId: string;
+    client: Client;
+    /** The limit-table snapshot this request uses from start to end. */
+    table: LimitTable;
+    endpoint: Endpoint;
+    limits: RowLimits;
+    decision: Decision;
+    /** Headers of INTERFACE §6 for this request (empty when it was not counted). */
+    usageHeaders: HeaderList;
+    /** Set when the answer came from a bridge. */
+    forwarded: Forwarded;
+    /** Body already read by the gateway (credential routes), forwarded byte for byte. */
+    body: Buffer;
+  }
+}

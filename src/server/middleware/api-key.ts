@@ -1,0 +1,76 @@
+import type { Context, MiddlewareHandler } from 'hono';
+import type { ApiKeyMode } from '../../config/settings.js';
+import type { InvalidKeyGuard } from '../../keys/guard.js';
+import type { KeyRegistry } from '../../keys/registry.js';
+import type { GatewayMetrics } from '../../observability/metrics.js';
+import { sha256Hex } from '../../observability/logger.js';
+import { answer } from '../answers.js';
+import type { GatewayEnv } from '../context.js';
+
+/**
+ * Step 1 of INTERFACE §5: the API key. Only its SHA-256 hash travels further. In `registered`
+ * mode only issued keys pass (§10); in `any` mode every non-empty key is its own bucket.
+ * Missing and unknown keys feed the invalid-key guard, which answers 429 to an address that
+ * keeps sending them.
+ */
+
+/** Issued keys are 48 characters; anything this long is not a key. */
+export const MAX_API_KEY_LENGTH = 256;
+
+export interface ApiKeyOptions {
+  readonly header: string;
+  readonly mode: ApiKeyMode;
+  readonly registry: KeyRegistry;
+  readonly guard: InvalidKeyGuard;
+  readonly metrics: GatewayMetrics;
+  readonly clientAddress: (c: Context<GatewayEnv>) => string;
+}
+
+export function apiKeyAuth(options: ApiKeyOptions): MiddlewareHandler<GatewayEnv> {
+  const { registry, guard, metrics, mode, clientAddress } = options;
+  const header = options.header.toLowerCase();
+  const challenge: [string, string] = ['WWW-Authenticate', `APIKey header="${options.header}"`];
+
+  const throttled = (c: Context<GatewayEnv>, ms: number): Response => {
+    metrics.invalidKeys.labels('throttled').inc();
+    return answer(c, 429, 'Too Many Requests', [['Retry-After', String(Math.max(1, Math.ceil(ms / 1000)))]]);
+  };
+
+  const refuse = async (c: Context<GatewayEnv>, address: string, message: string): Promise<Response> => {
+    const blockedMs = await guard.failed(address);
+    if (blockedMs > 0) return throttled(c, blockedMs);
+    metrics.invalidKeys.labels('rejected').inc();
+    return answer(c, 401, message, [challenge]);
+  };
+
+  return async function apiKeyAuth(c, next) {
+    const address = clientAddress(c);
+    const blockedMs = guard.blockedFor(address);
+    if (blockedMs > 0) return throttled(c, blockedMs);
+
+    // Browsers cannot set headers on a WebSocket upgrade: there, and only there, the key may be a query parameter.
+    const key = c.req.header(header) || (c.env?.upgrade ? apiKeyFromQuery(c.env.incoming.url ?? '') : undefined);
+    if (!key) return refuse(c, address, 'Missing API key');
+    if (key.length > MAX_API_KEY_LENGTH) return refuse(c, address, 'Invalid API key');
+    const keyHash = sha256Hex(key);
+    const issued = registry.lookup(keyHash);
+    if (!issued && mode === 'registered') return refuse(c, address, 'Invalid API key');
+    c.set('client', { keyHash, keyId: issued?.id, plan: issued?.plan });
+    await next();
+  };
+}
+
+export function apiKeyFromQuery(target: string): string | undefined {
+  const q = target.indexOf('?');
+  if (q === -1) return undefined;
+  return new URLSearchParams(target.slice(q + 1)).get('api_key') || undefined;
+}
+
+/** The query string without `api_key` (it is never forwarded). */
+export function withoutApiKey(query: string): string {
+  if (!query.includes('api_key')) return query;
+  const params = new URLSearchParams(query.slice(1));
+  params.delete('api_key');
+  const rest = params.toString();
+  return rest ? '?' + rest : '';
+}

@@ -1,0 +1,131 @@
+import type { IncomingMessage } from 'node:http';
+import type { Context, MiddlewareHandler } from 'hono';
+import { answer } from '../answers.js';
+import type { GatewayEnv } from '../context.js';
+
+/**
+ * Step 4 of INTERFACE §5, after counting: the body. Any body longer than `maxBodyBytes` is
+ * refused with 413. On the credential routes (the seed's token operations) the body must be
+ * a JSON object with non-empty string `username` and `password`, sent as
+ * `application/json` (415 otherwise, 400 for the body); it is read once, bounded, and then
+ * forwarded byte for byte.
+ */
+
+/** Credentials are a few hundred bytes; a larger JSON body on a token route is refused, not parsed. */
+export const MAX_CREDENTIALS_BYTES = 16 * 1024;
+/** Deeper JSON than this is refused before parsing. */
+export const MAX_JSON_DEPTH = 16;
+
+export interface BodyOptions {
+  readonly maxBodyBytes: number;
+  /** Canonical keys of the credential routes. */
+  readonly credentialRoutes: ReadonlySet<string>;
+}
+
+export function bodyRules(options: BodyOptions): MiddlewareHandler<GatewayEnv> {
+  const { maxBodyBytes, credentialRoutes } = options;
+  const tooLarge = (c: Context<GatewayEnv>): Response => answer(c, 413, `Request body is larger than ${maxBodyBytes} bytes`, [['Connection', 'close']]);
+
+  return async function bodyRules(c, next) {
+    const length = c.req.header('content-length');
+    if (length !== undefined && Number(length) > maxBodyBytes) return tooLarge(c);
+
+    if (credentialRoutes.has(c.get('endpoint').route.key)) {
+      if (!isJsonMediaType(c.req.header('content-type'))) return answer(c, 415, 'Content-Type must be application/json');
+      const body = await readBody(c, Math.min(maxBodyBytes, MAX_CREDENTIALS_BYTES));
+      if (body === 'too-large') return maxBodyBytes <= MAX_CREDENTIALS_BYTES ? tooLarge(c) : answer(c, 400, 'Credentials body is too large', [['Connection', 'close']]);
+      if (body === 'aborted') return answer(c, 400, 'Request body was not received');
+      const problem = credentialsProblem(body);
+      if (problem) return answer(c, 400, problem);
+      c.set('body', body);
+    }
+    await next();
+  };
+}
+
+/** `application/json`, optionally with a UTF-8 charset parameter (RFC 8259 §8.1: JSON is UTF-8). */
+export function isJsonMediaType(value: string | undefined): boolean {
+  if (!value) return false;
+  const [type, ...params] = value.split(';').map((p) => p.trim());
+  if (type?.toLowerCase() !== 'application/json') return false;
+  return params.every((param) => /^charset\s*=\s*"?utf-?8"?$/i.test(param));
+}
+
+const utf8 = new TextDecoder('utf-8', { fatal: true });
+
+/** Why a credentials body is refused, or undefined when it is acceptable. Never echoes the body. */
+export function credentialsProblem(body: Buffer): string | undefined {
+  let text: string;
+  try {
+    text = utf8.decode(body);
+  } catch {
+    return 'Body is not valid UTF-8';
+  }
+  if (jsonDepth(text) > MAX_JSON_DEPTH) return 'JSON is nested too deeply';
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch {
+    // The parser's message quotes the body, and the body holds a password: it is not repeated.
+    return 'Body is not valid JSON';
+  }
+  const shape = 'Body must be a JSON object with non-empty string "username" and "password"';
+  if (typeof value !== 'object' || value === null || Array.isArray(value)) return shape;
+  const { username, password } = value as Record<string, unknown>;
+  if (typeof username !== 'string' || username === '' || typeof password !== 'string' || password === '') return shape;
+  return undefined;
+}
+
+/** Greatest nesting of objects and arrays, outside strings; a linear scan with no recursion. */
+function jsonDepth(text: string): number {
+  let depth = 0;
+  let max = 0;
+  let inString = false;
+  for (let i = 0; i < text.length; i++) {
+    const ch = text.charCodeAt(i);
+    if (inString) {
+      if (ch === 92) i++; // backslash: skip the escaped character
+      else if (ch === 34) inString = false;
+    } else if (ch === 34) inString = true;
+    else if (ch === 123 || ch === 91) max = Math.max(max, ++depth);
+    else if (ch === 125 || ch === 93) depth--;
+  }
+  return max;
+}
+
+/** Reads the body, stopping as soon as it passes `limit` bytes (it is never buffered past that). */
+async function readBody(c: Context<GatewayEnv>, limit: number): Promise<Buffer | 'too-large' | 'aborted'> {
+  const incoming = c.env?.incoming;
+  if (!incoming) {
+    const body = Buffer.from(await c.req.arrayBuffer());
+    return body.length > limit ? 'too-large' : body;
+  }
+  return readIncoming(incoming, limit);
+}
+
+function readIncoming(incoming: IncomingMessage, limit: number): Promise<Buffer | 'too-large' | 'aborted'> {
+  return new Promise((resolve) => {
+    const chunks: Buffer[] = [];
+    let size = 0;
+    const done = (result: Buffer | 'too-large' | 'aborted'): void => {
+      incoming.off('data', onData);
+      incoming.off('end', onEnd);
+      incoming.off('close', onClose);
+      incoming.off('error', onClose);
+      resolve(result);
+    };
+    const onData = (chunk: Buffer): void => {
+      size += chunk.length;
+      if (size > limit) {
+        incoming.pause();
+        done('too-large');
+      } else chunks.push(chunk);
+    };
+    const onEnd = (): void => done(chunks.length === 1 ? (chunks[0] as Buffer) : Buffer.concat(chunks, size));
+    const onClose = (): void => done('aborted');
+    incoming.on('data', onData);
+    incoming.once('end', onEnd);
+    incoming.once('close', onClose);
+    incoming.once('error', onClose);
+  });
+}

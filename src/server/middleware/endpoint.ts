@@ -1,0 +1,46 @@
+import type { MiddlewareHandler } from 'hono';
+import type { LimitTable } from '../../config/limit-table.js';
+import { bridgeFor, type Settings } from '../../config/settings.js';
+import { normaliseTarget } from '../../limits/normalise.js';
+import { answer } from '../answers.js';
+import type { GatewayEnv } from '../context.js';
+
+/**
+ * Step 2 of INTERFACE §5: normalise the path and find its row in the table snapshot in force,
+ * which the request then keeps to its end. A WebSocket upgrade matches as method `WS`.
+ */
+
+export interface EndpointOptions {
+  readonly table: () => LimitTable | undefined;
+  readonly routing: Pick<Settings, 'routing'>;
+}
+
+export function matchEndpoint(options: EndpointOptions): MiddlewareHandler<GatewayEnv> {
+  return async function matchEndpoint(c, next) {
+    const table = options.table();
+    if (!table) return answer(c, 503, 'Limit table not loaded');
+    const target = normaliseTarget(c.env?.incoming?.url ?? pathAndQuery(c.req.url));
+    if (!target.ok) return answer(c, 400, target.reason);
+
+    const method = c.env?.upgrade ? 'WS' : c.req.method;
+    const match = table.matcher.match(method, target.segments);
+    if (match.kind === 'not-found') return answer(c, 404, 'No such endpoint');
+    if (match.kind === 'method-not-allowed') {
+      const allow = match.allow.filter((m) => m !== 'WS');
+      if (allow.length === 0) {
+        // RFC 9110 §15.5.22: the resource needs an upgrade to another protocol.
+        return answer(c, 426, 'This endpoint is a WebSocket: connect with Upgrade: websocket', [['Upgrade', 'websocket'], ['Connection', 'Upgrade']]);
+      }
+      return answer(c, 405, 'Method not allowed for this endpoint', [['Allow', allow.join(', ')]]);
+    }
+    const { route, value: row } = match.entry;
+    c.set('table', table);
+    c.set('endpoint', { row, route, bridge: bridgeFor(options.routing, route), path: target.path, query: target.query });
+    await next();
+  };
+}
+
+function pathAndQuery(url: string): string {
+  const start = url.indexOf('/', url.indexOf('//') + 2);
+  return start === -1 ? '/' : url.slice(start);
+}

@@ -1,0 +1,63 @@
+import type { Context, Handler } from 'hono';
+import { RESPONSE_ALREADY_SENT } from '@hono/node-server/utils/response';
+import type { Forwarder } from '../../proxy/forwarder.js';
+import type { WebSocketConnections } from '../../ws/connections.js';
+import { answer } from '../answers.js';
+import type { GatewayEnv } from '../context.js';
+import { withoutApiKey } from './api-key.js';
+
+/**
+ * Step 5 of INTERFACE §5: forward to the bridge, which answers the client directly. A
+ * WebSocket upgrade is handed to the bridge and then joined both ways.
+ */
+
+export interface ForwardOptions {
+  readonly forwarder: Forwarder;
+  readonly websockets: WebSocketConnections;
+  readonly maxBodyBytes: number;
+  readonly clientAddress: (c: Context<GatewayEnv>) => string;
+}
+
+export function forward(options: ForwardOptions): Handler<GatewayEnv> {
+  const { forwarder, websockets, maxBodyBytes, clientAddress } = options;
+  return async function forward(c) {
+    const incoming = c.env?.incoming;
+    // Only an in-process app.request() has no socket; there is nothing to forward it over.
+    if (!incoming) return answer(c, 500, 'No connection to forward');
+    const endpoint = c.get('endpoint');
+    const requestId = c.get('requestId');
+    const upgrade = c.env.upgrade;
+
+    if (upgrade) {
+      const opened = await new Promise<number>((resolve) => {
+        forwarder.upgrade({
+          incoming,
+          socket: upgrade.socket,
+          head: upgrade.head,
+          bridge: endpoint.bridge,
+          target: endpoint.path + withoutApiKey(endpoint.query),
+          requestId,
+          clientAddress: clientAddress(c),
+          onOpen: (client, bridge) => websockets.add(endpoint.row, client, bridge),
+          onDone: resolve,
+        });
+      });
+      c.set('forwarded', { status: opened, upstreamMs: undefined });
+      return RESPONSE_ALREADY_SENT;
+    }
+
+    const result = await forwarder.forward({
+      incoming,
+      outgoing: c.env.outgoing,
+      bridge: endpoint.bridge,
+      target: endpoint.path + endpoint.query,
+      body: c.get('body'),
+      maxBodyBytes,
+      requestId,
+      clientAddress: clientAddress(c),
+      answerHeaders: [...(c.get('usageHeaders') ?? []), ['X-Request-Id', requestId]],
+    });
+    c.set('forwarded', { status: result.status, upstreamMs: result.upstreamMs });
+    return RESPONSE_ALREADY_SENT;
+  };
+}

@@ -1,0 +1,42 @@
+import type { MiddlewareHandler } from 'hono';
+import { limitsFor } from '../../config/limit-table.js';
+import { rateLimitHeaders, retryAfterHeader } from '../../limits/headers.js';
+import type { Limiter } from '../../limits/limiter.js';
+import type { GatewayMetrics } from '../../observability/metrics.js';
+import { answer } from '../answers.js';
+import type { GatewayEnv } from '../context.js';
+
+/**
+ * Step 3 of INTERFACE §5: the hour and day windows of the matched row, for this key's plan.
+ * A refusal is the exact 429 of §6; from here on every answer carries the usage headers.
+ */
+
+/** An allowed request that leaves less than this share of a window counts as "near the limit". */
+const NEAR_LIMIT_SHARE = 0.1;
+
+export function rateLimit(options: { limiter: Limiter; metrics: GatewayMetrics }): MiddlewareHandler<GatewayEnv> {
+  const { limiter, metrics } = options;
+  return async function rateLimit(c, next) {
+    const { row } = c.get('endpoint');
+    const client = c.get('client');
+    const limits = limitsFor(c.get('table'), row, client.plan);
+    const decision = await limiter.check({ keyHash: client.keyHash, row, limits, calendar: c.get('table').calendar });
+    c.set('decision', decision);
+    c.set('limits', limits);
+    if (decision.kind === 'unavailable') return answer(c, 503, 'Rate limiting is unavailable');
+    if (decision.kind === 'counted') {
+      c.set('usageHeaders', rateLimitHeaders(decision, limits, decision.at));
+      const endpoint = row.route.text;
+      if (decision.spent) {
+        const shadow = decision.allowed ? 'true' : 'false';
+        if (decision.spent !== 'day') metrics.refusals.labels(endpoint, 'hour', shadow).inc();
+        if (decision.spent !== 'hour') metrics.refusals.labels(endpoint, 'day', shadow).inc();
+      } else {
+        if (decision.hour.remaining < decision.hour.limit * NEAR_LIMIT_SHARE) metrics.nearLimit.labels(endpoint, 'hour').inc();
+        if (decision.day.remaining < decision.day.limit * NEAR_LIMIT_SHARE) metrics.nearLimit.labels(endpoint, 'day').inc();
+      }
+      if (!decision.allowed) return answer(c, 429, 'Too Many Requests', [retryAfterHeader(decision, decision.at)]);
+    }
+    await next();
+  };
+}

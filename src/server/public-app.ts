@@ -1,0 +1,57 @@
+import { Hono } from 'hono';
+import type { LimitTable } from '../config/limit-table.js';
+import type { Settings } from '../config/settings.js';
+import type { InvalidKeyGuard } from '../keys/guard.js';
+import type { KeyRegistry } from '../keys/registry.js';
+import type { Limiter } from '../limits/limiter.js';
+import type { Logger } from '../observability/logger.js';
+import type { GatewayMetrics } from '../observability/metrics.js';
+import type { Forwarder } from '../proxy/forwarder.js';
+import type { WebSocketConnections } from '../ws/connections.js';
+import { answer } from './answers.js';
+import { clientAddressOf } from './client-address.js';
+import type { GatewayEnv } from './context.js';
+import { accessLog } from './middleware/access-log.js';
+import { apiKeyAuth } from './middleware/api-key.js';
+import { bodyRules } from './middleware/body.js';
+import { matchEndpoint } from './middleware/endpoint.js';
+import { forward } from './middleware/forward.js';
+import { rateLimit } from './middleware/rate-limit.js';
+import { requestId } from './middleware/request-id.js';
+
+/**
+ * The public listener's app: a request flows one way through the steps of INTERFACE §5,
+ * each a middleware that either answers or passes on.
+ */
+
+export interface PublicAppDeps {
+  readonly settings: Settings;
+  readonly table: () => LimitTable | undefined;
+  readonly limiter: Limiter;
+  readonly registry: KeyRegistry;
+  readonly guard: InvalidKeyGuard;
+  readonly forwarder: Forwarder;
+  readonly websockets: WebSocketConnections;
+  readonly metrics: GatewayMetrics;
+  readonly logger: Logger;
+}
+
+export function createPublicApp(deps: PublicAppDeps): Hono<GatewayEnv> {
+  const { settings, metrics, logger } = deps;
+  const clientAddress = clientAddressOf(settings.trustProxyHops);
+  const app = new Hono<GatewayEnv>();
+  app.use(
+    accessLog({ logger, metrics }),
+    requestId(),
+    apiKeyAuth({ header: settings.apiKeyHeader, mode: settings.apiKeyMode, registry: deps.registry, guard: deps.guard, metrics, clientAddress }),
+    matchEndpoint({ table: deps.table, routing: settings }),
+    rateLimit({ limiter: deps.limiter, metrics }),
+    bodyRules({ maxBodyBytes: settings.maxBodyBytes, credentialRoutes: settings.credentialRoutes }),
+  );
+  app.all('*', forward({ forwarder: deps.forwarder, websockets: deps.websockets, maxBodyBytes: settings.maxBodyBytes, clientAddress }));
+  app.onError((err, c) => {
+    logger.error({ err, reqId: c.get('requestId') }, 'unexpected error');
+    return answer(c, 500, 'Unexpected error');
+  });
+  return app;
+}

@@ -1,0 +1,119 @@
+import type { Socket } from 'node:net';
+import type { Duplex } from 'node:stream';
+import type { LimitRow } from '../config/limit-table.js';
+import type { GatewayMetrics } from '../observability/metrics.js';
+import { closeFrame, FrameBoundary } from './frames.js';
+
+/**
+ * The open proxied WebSocket connections: counted per row in a metric, released when either
+ * side goes away (a peer that vanishes without a Close frame included), and closed with
+ * 1001 "going away" on both sides at shutdown, between frames.
+ */
+
+const GOING_AWAY = 1001;
+/** After one side is gone, the other gets this long to flush and close before it is destroyed. */
+const LINGER_MS = 2000;
+
+interface Connection {
+  readonly endpoint: string;
+  readonly client: Duplex;
+  readonly bridge: Socket;
+  /** Frames from the bridge to the client, and from the client to the bridge. */
+  readonly toClient: FrameBoundary;
+  readonly toBridge: FrameBoundary;
+  readonly closed: Promise<void>;
+}
+
+export class WebSocketConnections {
+  readonly #open = new Set<Connection>();
+  readonly #metrics: GatewayMetrics;
+
+  constructor(metrics: GatewayMetrics) {
+    this.#metrics = metrics;
+  }
+
+  get size(): number {
+    return this.#open.size;
+  }
+
+  /** Must be called as the two sockets are joined, before any byte flows between them. */
+  add(row: LimitRow, client: Duplex, bridge: Socket): void {
+    const endpoint = row.route.text;
+    const toClient = new FrameBoundary();
+    const toBridge = new FrameBoundary();
+    bridge.on('data', (chunk: Buffer) => void toClient.advance(chunk));
+    client.on('data', (chunk: Buffer) => void toBridge.advance(chunk));
+
+    let release!: () => void;
+    const closed = new Promise<void>((resolve) => (release = resolve));
+    const connection: Connection = { endpoint, client, bridge, toClient, toBridge, closed };
+    this.#open.add(connection);
+    this.#metrics.websockets.labels(endpoint).inc();
+
+    let gone = 0;
+    const onClose = (other: Duplex) => (): void => {
+      if (!other.destroyed) {
+        other.end();
+        setTimeout(() => other.destroy(), LINGER_MS).unref();
+      }
+      if (++gone === 2 || (client.destroyed && bridge.destroyed)) finish();
+    };
+    let finished = false;
+    const finish = (): void => {
+      if (finished) return;
+      finished = true;
+      this.#open.delete(connection);
+      this.#metrics.websockets.labels(endpoint).dec();
+      release();
+    };
+    client.once('close', onClose(bridge));
+    bridge.once('close', onClose(client));
+    client.on('error', () => client.destroy());
+    bridge.on('error', () => bridge.destroy());
+  }
+
+  /** Sends 1001 to both sides of every connection, waits for them to close (at most `timeoutMs`), then drops the rest. */
+  async closeAll(timeoutMs: number): Promise<void> {
+    const all = [...this.#open];
+    for (const connection of all) goAway(connection);
+    let timer: NodeJS.Timeout | undefined;
+    await Promise.race([
+      Promise.all(all.map((c) => c.closed)),
+      new Promise<void>((resolve) => (timer = setTimeout(resolve, timeoutMs))),
+    ]);
+    clearTimeout(timer);
+    for (const connection of this.#open) {
+      connection.client.destroy();
+      connection.bridge.destroy();
+    }
+  }
+}
+
+/** Stops a direction at the next frame boundary, then sends a Close frame in it and ends it. */
+function stopBetweenFrames(from: Duplex, to: Duplex, frames: FrameBoundary, masked: boolean): void {
+  from.unpipe(to);
+  from.removeAllListeners('data');
+  const close = (): void => {
+    if (to.writable) to.end(closeFrame(GOING_AWAY, 'gateway shutting down', masked));
+  };
+  if (frames.atBoundary) {
+    close();
+    return;
+  }
+  // The rest of the current frame still has to pass, and nothing after it.
+  from.on('data', function finishFrame(chunk: Buffer) {
+    const upTo = frames.advance(chunk, true);
+    if (upTo > 0 && to.writable) to.write(chunk.subarray(0, upTo));
+    if (frames.atBoundary) {
+      from.off('data', finishFrame);
+      close();
+    }
+  });
+  from.resume();
+}
+
+function goAway(connection: Connection): void {
+  // The gateway speaks as a server to the client (unmasked frames) and as a client to the bridge (masked frames).
+  stopBetweenFrames(connection.bridge, connection.client, connection.toClient, false);
+  stopBetweenFrames(connection.client, connection.bridge, connection.toBridge, true);
+}

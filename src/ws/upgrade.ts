@@ -1,0 +1,59 @@
+import { STATUS_CODES, type IncomingMessage } from 'node:http';
+import type { Duplex } from 'node:stream';
+import type { Hono } from 'hono';
+import { rawAnswer } from '../server/answers.js';
+import type { GatewayEnv } from '../server/context.js';
+
+/**
+ * WebSocket upgrades (INTERFACE §8) go through the same middleware chain as every request:
+ * key, endpoint (as method `WS`), limits. When the chain answers (401, 404, 429 …) the answer
+ * is written to the socket as plain HTTP and no WebSocket is opened; when it passes, the
+ * final handler has already handed the socket to the bridge.
+ */
+
+const ALREADY_SENT = 'x-hono-already-sent';
+
+export function upgradeListener(app: Hono<GatewayEnv>, accepting: () => boolean): (req: IncomingMessage, socket: Duplex, head: Buffer) => void {
+  return function onUpgrade(req, socket, head) {
+    socket.on('error', () => socket.destroy());
+    void handle(req, socket, head);
+  };
+
+  async function handle(req: IncomingMessage, socket: Duplex, head: Buffer): Promise<void> {
+    if (!accepting()) {
+      socket.end(rawAnswer(503, 'Shutting down'));
+      return;
+    }
+    if ((req.headers.upgrade ?? '').toLowerCase() !== 'websocket' || req.method !== 'GET') {
+      socket.end(rawAnswer(400, 'Only WebSocket upgrades are accepted'));
+      return;
+    }
+    let request: Request;
+    try {
+      request = new Request(`http://${req.headers.host ?? 'gateway'}${req.url ?? '/'}`, { method: 'GET', headers: headerPairs(req.rawHeaders) });
+    } catch {
+      socket.end(rawAnswer(400, 'Malformed request'));
+      return;
+    }
+    const response = await app.fetch(request, { incoming: req, outgoing: undefined as never, upgrade: { socket, head } });
+    if (response.headers.get(ALREADY_SENT)) return;
+    await writeResponse(socket, response);
+  }
+}
+
+function headerPairs(raw: readonly string[]): Array<[string, string]> {
+  const pairs: Array<[string, string]> = [];
+  for (let i = 0; i < raw.length; i += 2) pairs.push([raw[i] as string, raw[i + 1] as string]);
+  return pairs;
+}
+
+async function writeResponse(socket: Duplex, response: Response): Promise<void> {
+  const body = Buffer.from(await response.arrayBuffer());
+  let head = `HTTP/1.1 ${response.status} ${STATUS_CODES[response.status] ?? ''}\r\n`;
+  response.headers.forEach((value, name) => {
+    if (name !== 'content-length' && name !== 'connection') head += `${name}: ${value}\r\n`;
+  });
+  head += `Content-Length: ${body.length}\r\nConnection: close\r\n\r\n`;
+  if (socket.writable) socket.end(Buffer.concat([Buffer.from(head, 'latin1'), body]));
+  else socket.destroy();
+}
