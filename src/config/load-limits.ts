@@ -10,6 +10,7 @@ import {
   isYamlSeq,
   scalarValue,
   YamlSource,
+  byPosition,
   type SourceError,
 } from './yaml-source.js';
 
@@ -40,7 +41,7 @@ export async function readLimitsFile(path: string, displayName = path): Promise<
 
 export function parseLimits(text: string, file: string, loadedAt = new Date()): LimitsLoad {
   const { source, errors } = YamlSource.parse(file, text);
-  if (errors.length > 0) return { ok: false, errors };
+  if (errors.length > 0) return { ok: false, errors: withRows(source, errors) };
   const root = source.root;
   if (!isYamlMap(root)) {
     return { ok: false, errors: [source.error(root, 'the file must be a mapping with "timezone" and "limits"')] };
@@ -65,11 +66,26 @@ export function parseLimits(text: string, file: string, loadedAt = new Date()): 
 
   const rows = readRows(source, root, limitsNode, errors);
   const plans = plansNode === undefined || plansNode === null ? new Map<string, Plan>() : readPlans(source, plansNode, rows, errors);
-  if (errors.length > 0) return { ok: false, errors: errors.sort((a, b) => a.line - b.line || a.column - b.column) };
+  if (errors.length > 0) return { ok: false, errors: byPosition(errors) };
   return { ok: true, table: buildTable({ file, text, timezone, rows, plans, loadedAt }) };
 }
 
 type DraftRow = Omit<LimitRow, 'counterId'>;
+
+/** Names the row a YAML syntax error is in, as far as the parser got. */
+function withRows(source: YamlSource, errors: SourceError[]): SourceError[] {
+  const root = source.root;
+  const limits = isYamlMap(root) ? entries(root).find((e) => e.key === 'limits')?.value : undefined;
+  if (!isYamlSeq(limits)) return errors;
+  const spans = limits.items.map((item, i) => {
+    const name = isYamlMap(item) ? scalarValue(entries(item).find((e) => e.key === 'name')?.value) : undefined;
+    return { row: i + 1, rowName: typeof name === 'string' ? name : undefined, from: source.position(item).line, to: source.endLine(item) };
+  });
+  return errors.map((e) => {
+    const span = spans.find((s) => e.line >= s.from && e.line <= s.to);
+    return span ? { ...e, row: span.row, ...(span.rowName ? { rowName: span.rowName } : {}) } : e;
+  });
+}
 
 function readRows(source: YamlSource, root: YAMLMap<unknown, unknown>, node: unknown, errors: SourceError[]): DraftRow[] {
   if (node === undefined) {

@@ -20,6 +20,11 @@ export function formatSourceError(e: SourceError): string {
   return `${e.file}:${e.line}:${e.column}: ${where}${e.message}`;
 }
 
+/** Errors in the order of the file. */
+export function byPosition(errors: SourceError[]): SourceError[] {
+  return errors.sort((a, b) => a.line - b.line || a.column - b.column);
+}
+
 export interface Position {
   readonly line: number;
   readonly column: number;
@@ -53,6 +58,12 @@ export class YamlSource {
     if (!range) return { line: 1, column: 1 };
     const pos = this.#lines.linePos(range[0]);
     return { line: pos.line, column: pos.col };
+  }
+
+  /** Line of the last character of `node`. */
+  endLine(node: unknown): number {
+    const range = (node as Node | undefined)?.range;
+    return range ? this.#lines.linePos(Math.max(range[0], range[2] - 1)).line : 1;
   }
 
   error(node: unknown, message: string, row?: { row: number; rowName?: string }): SourceError {

@@ -1,5 +1,5 @@
 import { readFile } from 'node:fs/promises';
-import { describe, entries, isYamlMap, isYamlSeq, scalarValue, YamlSource, type SourceError } from '../config/yaml-source.js';
+import { byPosition, describe, entries, isYamlMap, isYamlSeq, scalarValue, YamlSource, type SourceError } from '../config/yaml-source.js';
 
 /**
  * `config/api-keys.yaml`: statically issued keys, stored as the SHA-256 hex of the key
@@ -87,5 +87,5 @@ export function parseKeyFile(text: string, file: string, plans: ReadonlySet<stri
       keys.push({ id, sha256, plan: typeof plan === 'string' ? plan : undefined, source: 'file' });
     }
   });
-  return errors.length ? { ok: false, errors } : { ok: true, keys };
+  return errors.length ? { ok: false, errors: byPosition(errors) } : { ok: true, keys };
 }

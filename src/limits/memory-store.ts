@@ -26,6 +26,8 @@ export class MemoryCounterStore implements CounterStore {
     this.#entries = new LRUCache<string, Entry>({
       max: options.maxCounters ?? DEFAULT_MAX_COUNTERS,
       ttlAutopurge: false,
+      // Read the (injectable) clock on every check rather than lru-cache's cached "now".
+      ttlResolution: 0,
       perf: { now: () => this.#now() },
     });
   }

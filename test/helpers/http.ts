@@ -1,0 +1,92 @@
+import http from 'node:http';
+import net from 'node:net';
+
+/**
+ * HTTP over real sockets, sending the path exactly as given (fetch() would resolve dot
+ * segments before sending, and the gateway's own normalisation is what is under test).
+ */
+
+export interface Reply {
+  readonly status: number;
+  readonly headers: http.IncomingHttpHeaders;
+  readonly rawHeaders: string[];
+  readonly body: Buffer;
+  readonly text: string;
+  json<T = unknown>(): T;
+}
+
+export interface SendOptions {
+  readonly method?: string;
+  readonly path?: string;
+  readonly headers?: Record<string, string | string[]>;
+  readonly body?: string | Buffer;
+  readonly agent?: http.Agent | false;
+  readonly timeoutMs?: number;
+}
+
+export const keepAlive = new http.Agent({ keepAlive: true, maxSockets: 64 });
+
+export function send(baseUrl: string, options: SendOptions = {}): Promise<Reply> {
+  const url = new URL(baseUrl);
+  return new Promise((resolve, reject) => {
+    const req = http.request(
+      {
+        host: url.hostname,
+        port: url.port,
+        method: options.method ?? 'GET',
+        path: options.path ?? '/',
+        headers: options.headers,
+        agent: options.agent ?? keepAlive,
+        timeout: options.timeoutMs ?? 15_000,
+      },
+      (res) => {
+        const chunks: Buffer[] = [];
+        res.on('data', (c: Buffer) => chunks.push(c));
+        res.on('end', () => {
+          const body = Buffer.concat(chunks);
+          resolve({
+            status: res.statusCode ?? 0,
+            headers: res.headers,
+            rawHeaders: res.rawHeaders,
+            body,
+            text: body.toString('utf8'),
+            json: <T>() => JSON.parse(body.toString('utf8')) as T,
+          });
+        });
+        res.on('error', reject);
+      },
+    );
+    req.on('timeout', () => req.destroy(new Error('request timed out')));
+    req.on('error', reject);
+    req.end(options.body);
+  });
+}
+
+/** Writes raw bytes to a port and reads until the server closes (or `timeoutMs`). */
+export function rawExchange(port: number, bytes: string | Buffer, timeoutMs = 5000): Promise<string> {
+  return new Promise((resolve, reject) => {
+    const socket = net.connect(port, '127.0.0.1');
+    const chunks: Buffer[] = [];
+    const timer = setTimeout(() => socket.destroy(), timeoutMs);
+    socket.on('connect', () => socket.write(bytes));
+    socket.on('data', (c: Buffer) => chunks.push(c));
+    socket.on('close', () => {
+      clearTimeout(timer);
+      resolve(Buffer.concat(chunks).toString('utf8'));
+    });
+    socket.on('error', (err) => {
+      clearTimeout(timer);
+      if (chunks.length) resolve(Buffer.concat(chunks).toString('utf8'));
+      else reject(err);
+    });
+  });
+}
+
+/** The two-field error body of INTERFACE §6. */
+export function expectTwoFields(reply: Reply): { error: string; message: string } {
+  const body = reply.json<Record<string, unknown>>();
+  if (Object.keys(body).length !== 2 || typeof body.error !== 'string' || typeof body.message !== 'string') {
+    throw new Error(`not a two-field error body: ${reply.text}`);
+  }
+  return body as { error: string; message: string };
+}

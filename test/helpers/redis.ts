@@ -1,0 +1,103 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
+import { mkdtempSync, rmSync } from 'node:fs';
+import net from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Redis } from 'ioredis';
+
+/** The Redis every developer machine and CI has (or REDIS_URL). */
+export const REDIS_URL = process.env.REDIS_URL ?? 'redis://127.0.0.1:6379';
+
+/** A key prefix of one's own, so test files never see each other's counters. */
+export function uniquePrefix(label = 't'): string {
+  return `test:${label}:${randomBytes(4).toString('hex')}:`;
+}
+
+export function redisClient(url = REDIS_URL): Redis {
+  return new Redis(url, { maxRetriesPerRequest: 1 });
+}
+
+export async function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = net.createServer();
+    server.once('error', reject);
+    server.listen(0, '127.0.0.1', () => {
+      const { port } = server.address() as net.AddressInfo;
+      server.close(() => resolve(port));
+    });
+  });
+}
+
+export interface RedisProcess {
+  readonly port: number;
+  readonly url: string;
+  readonly pid: number;
+  /** SIGKILL: Redis dies at once, mid-traffic. */
+  kill(): Promise<void>;
+  /** Starts it again on the same port (and data directory). */
+  restart(): Promise<void>;
+  stop(): Promise<void>;
+}
+
+/**
+ * A `redis-server` of the test's own on a free loopback port, stopped by PID. With
+ * `persist`, it keeps an append-only file (fsync on every write) in a temporary directory, so
+ * its counters survive a kill and restart.
+ */
+export async function startRedisServer(options: { persist?: boolean; args?: string[]; port?: number } = {}): Promise<RedisProcess> {
+  const port = options.port ?? (await freePort());
+  const dir = mkdtempSync(join(tmpdir(), 'oapi-redis-'));
+  const args = ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--dir', dir, '--daemonize', 'no', '--loglevel', 'warning', ...(options.persist ? ['--appendonly', 'yes', '--appendfsync', 'always'] : ['--appendonly', 'no']), ...(options.args ?? [])];
+  let child: ChildProcess | undefined;
+
+  const launch = async (): Promise<void> => {
+    child = spawn('redis-server', args, { stdio: 'ignore' });
+    await waitForPing(port, 5000);
+  };
+  const waitExit = (c: ChildProcess | undefined): Promise<void> =>
+    new Promise((resolve) => {
+      if (!c || c.exitCode !== null || c.signalCode !== null) return resolve();
+      c.once('exit', () => resolve());
+    });
+
+  await launch();
+  return {
+    port,
+    url: `redis://127.0.0.1:${port}`,
+    get pid() {
+      return child?.pid ?? -1;
+    },
+    kill: async () => {
+      const c = child;
+      c?.kill('SIGKILL');
+      await waitExit(c);
+    },
+    restart: async () => {
+      await launch();
+    },
+    stop: async () => {
+      const c = child;
+      c?.kill('SIGKILL');
+      await waitExit(c);
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}
+
+export async function waitForPing(port: number, timeoutMs: number): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (Date.now() < deadline) {
+    const client = new Redis({ port, host: '127.0.0.1', lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => null, connectTimeout: 500 });
+    try {
+      await client.connect();
+      await client.ping();
+      return;
+    } catch {
+      await new Promise((r) => setTimeout(r, 50));
+    } finally {
+      client.disconnect();
+    }
+  }
+  throw new Error(`redis on port ${port} did not answer within ${timeoutMs} ms`);
+}

@@ -1,0 +1,105 @@
+import { beforeEach, describe, expect, it } from 'vitest';
+import type { ConsumeRequest, CounterStore } from '../../src/limits/store.js';
+
+/**
+ * The behaviour every counter-store backend must have, run against each of them (the
+ * in-memory store in the unit suite, Redis and Redis Cluster in the integration suite).
+ */
+
+let n = 0;
+const H = 1_700_000_000; // an hour window start, epoch seconds
+const D = H - 36_000;
+
+export function request(over: Partial<ConsumeRequest> = {}): ConsumeRequest {
+  return {
+    keyHash: 'k',
+    counterId: 'row',
+    hourStart: H,
+    dayStart: D,
+    hourLimit: 3,
+    dayLimit: 5,
+    expireAt: (D + 86_400 + 3_600) * 1000,
+    force: false,
+    ...over,
+  };
+}
+
+export function describeCounterStore(name: string, makeStore: () => CounterStore | Promise<CounterStore>): void {
+  describe(`${name} (counter-store contract)`, () => {
+    let store: CounterStore;
+    let keyHash: string;
+    const req = (over: Partial<ConsumeRequest> = {}): ConsumeRequest => request({ keyHash, ...over });
+
+    beforeEach(async () => {
+      store = await makeStore();
+      keyHash = `key${++n}x${Math.random().toString(36).slice(2, 8)}`;
+    });
+
+    it('admits up to the hour limit, one unit of each window per request', async () => {
+      expect(await store.consume(req())).toEqual({ allowed: true, hour: 1, day: 1 });
+      expect(await store.consume(req())).toEqual({ allowed: true, hour: 2, day: 2 });
+      expect(await store.consume(req())).toEqual({ allowed: true, hour: 3, day: 3 });
+      expect(await store.consume(req())).toEqual({ allowed: false, hour: 3, day: 3 });
+    });
+
+    it('uses nothing for a refused request: hammering past the hour does not burn the day', async () => {
+      for (let i = 0; i < 3; i++) await store.consume(req());
+      for (let i = 0; i < 20; i++) expect((await store.consume(req())).allowed).toBe(false);
+      expect(await store.usage(keyHash, [{ counterId: 'row', hourStart: H, dayStart: D }])).toEqual([{ hour: 3, day: 3 }]);
+      // The next hour has room again, and the day counted only the three admitted requests.
+      expect(await store.consume(req({ hourStart: H + 3600 }))).toEqual({ allowed: true, hour: 1, day: 4 });
+    });
+
+    it('refuses on a spent day without touching the hour window', async () => {
+      for (let h = 0; h < 2; h++) for (let i = 0; i < 3; i++) await store.consume(req({ hourStart: H + h * 3600 }));
+      expect(await store.consume(req({ hourStart: H + 7200 }))).toEqual({ allowed: false, hour: 0, day: 5 });
+      expect(await store.consume(req({ hourStart: H + 7200, dayLimit: 6 }))).toEqual({ allowed: true, hour: 1, day: 6 });
+    });
+
+    it('starts a new day window', async () => {
+      for (let i = 0; i < 3; i++) await store.consume(req());
+      expect(await store.consume(req({ hourStart: H + 86_400, dayStart: D + 86_400 }))).toEqual({ allowed: true, hour: 1, day: 1 });
+    });
+
+    it('never moves a window back: an instance whose clock lags counts in the newer window', async () => {
+      await store.consume(req({ hourStart: H + 3600 }));
+      expect(await store.consume(req({ hourStart: H }))).toEqual({ allowed: true, hour: 2, day: 2 });
+      expect(await store.usage(keyHash, [{ counterId: 'row', hourStart: H + 3600, dayStart: D }])).toEqual([{ hour: 2, day: 2 }]);
+    });
+
+    it('counts past the limits when forced (shadow rows)', async () => {
+      for (let i = 0; i < 7; i++) expect((await store.consume(req({ force: true }))).allowed).toBe(true);
+      expect(await store.usage(keyHash, [{ counterId: 'row', hourStart: H, dayStart: D }])).toEqual([{ hour: 7, day: 7 }]);
+    });
+
+    it('keeps rows and keys apart', async () => {
+      await store.consume(req());
+      await store.consume(req({ counterId: 'other' }));
+      await store.consume(req({ keyHash: keyHash + 'b' }));
+      expect(await store.usage(keyHash, [
+        { counterId: 'row', hourStart: H, dayStart: D },
+        { counterId: 'other', hourStart: H, dayStart: D },
+        { counterId: 'none', hourStart: H, dayStart: D },
+      ])).toEqual([{ hour: 1, day: 1 }, { hour: 1, day: 1 }, { hour: 0, day: 0 }]);
+    });
+
+    it('reports usage of past windows as 0', async () => {
+      await store.consume(req());
+      expect(await store.usage(keyHash, [{ counterId: 'row', hourStart: H + 3600, dayStart: D + 86_400 }])).toEqual([{ hour: 0, day: 0 }]);
+    });
+
+    it('resets a key on the given rows', async () => {
+      for (let i = 0; i < 3; i++) await store.consume(req());
+      await store.consume(req({ counterId: 'kept' }));
+      await store.reset(keyHash, ['row']);
+      expect(await store.consume(req())).toEqual({ allowed: true, hour: 1, day: 1 });
+      expect(await store.usage(keyHash, [{ counterId: 'kept', hourStart: H, dayStart: D }])).toEqual([{ hour: 1, day: 1 }]);
+    });
+
+    it('admits exactly the limit under concurrent requests', async () => {
+      const results = await Promise.all(Array.from({ length: 200 }, () => store.consume(req({ hourLimit: 50, dayLimit: 60 }))));
+      expect(results.filter((r) => r.allowed)).toHaveLength(50);
+      expect(await store.usage(keyHash, [{ counterId: 'row', hourStart: H, dayStart: D }])).toEqual([{ hour: 50, day: 50 }]);
+    });
+  });
+}

@@ -1,0 +1,40 @@
+import { describe, expect, it } from 'vitest';
+import { credentialsProblem, isJsonMediaType } from '../../src/server/middleware/body.js';
+
+describe('isJsonMediaType', () => {
+  it.each(['application/json', 'Application/JSON', 'application/json; charset=utf-8', 'application/json;charset=UTF-8', 'application/json; charset="utf-8"'])('accepts %s', (t) => {
+    expect(isJsonMediaType(t)).toBe(true);
+  });
+  it.each([undefined, '', 'text/plain', 'application/json-patch+json', 'application/x-www-form-urlencoded', 'application/json; charset=latin1', 'application/json; boundary=x'])('refuses %s', (t) => {
+    expect(isJsonMediaType(t)).toBe(false);
+  });
+});
+
+describe('credentialsProblem', () => {
+  const shape = 'Body must be a JSON object with non-empty string "username" and "password"';
+  it('accepts non-empty string credentials, extra fields included', () => {
+    expect(credentialsProblem(Buffer.from('{"username":"demo","password":"p"}'))).toBeUndefined();
+    expect(credentialsProblem(Buffer.from('{"username":"Nguyễn","password":"mật khẩu","device":"x"}'))).toBeUndefined();
+  });
+  it.each([
+    ['', 'Body is not valid JSON'],
+    ['{"username":"demo","password":"secret-pw"', 'Body is not valid JSON'],
+    ['[1,2]', shape],
+    ['null', shape],
+    ['{"username":"demo"}', shape],
+    ['{"username":"","password":"x"}', shape],
+    ['{"username":"demo","password":42}', shape],
+    ['[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]', 'JSON is nested too deeply'],
+  ])('refuses %s', (body, problem) => {
+    expect(credentialsProblem(Buffer.from(body))).toBe(problem);
+  });
+  it('refuses invalid UTF-8', () => {
+    expect(credentialsProblem(Buffer.from([0x7b, 0xff, 0x7d]))).toBe('Body is not valid UTF-8');
+  });
+  it('never quotes the body (it holds a password)', () => {
+    expect(credentialsProblem(Buffer.from('{"username":"demo","password":"hunter2"'))).not.toContain('hunter2');
+  });
+  it('does not count brackets inside strings as nesting', () => {
+    expect(credentialsProblem(Buffer.from(JSON.stringify({ username: '[[[[[[[[[[[[[[[[[[[[', password: '{{{{{{{{{{{{{{{{{{{{"' })))).toBeUndefined();
+  });
+});

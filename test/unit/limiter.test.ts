@@ -1,0 +1,171 @@
+import { beforeEach, describe, expect, it } from 'vitest';
+import { parseLimits } from '../../src/config/load-limits.js';
+import type { LimitRow, LimitTable } from '../../src/config/limit-table.js';
+import { rateLimitHeaders, retryAfterHeader } from '../../src/limits/headers.js';
+import { Limiter, type Decision, type FailureMode } from '../../src/limits/limiter.js';
+import { MemoryCounterStore } from '../../src/limits/memory-store.js';
+import { StoreUnavailableError, type ConsumeRequest, type CounterStore, type Counts } from '../../src/limits/store.js';
+import { FakeClock } from '../helpers/clock.js';
+
+const TABLE = `
+timezone: UTC
+limits:
+  - { name: Small, route: "GET /small", per_hour: 3, per_day: 5 }
+  - { name: Shadowed, route: "GET /shadow", per_hour: 2, per_day: 10, shadow: true }
+`;
+
+function table(): LimitTable {
+  const result = parseLimits(TABLE, 'limits.yaml');
+  if (!result.ok) throw new Error('invalid test table');
+  return result.table;
+}
+
+/** A store wrapper that counts calls and can be switched to fail like an unreachable Redis. */
+class ObservedStore implements CounterStore {
+  calls = 0;
+  failing: StoreUnavailableError | Error | undefined;
+  constructor(private readonly inner: CounterStore) {}
+  async consume(r: ConsumeRequest): Promise<Counts> {
+    this.calls++;
+    if (this.failing) throw this.failing;
+    return this.inner.consume(r);
+  }
+  usage = (...args: Parameters<CounterStore['usage']>) => this.inner.usage(...args);
+  reset = (...args: Parameters<CounterStore['reset']>) => this.inner.reset(...args);
+}
+
+type Counted = Extract<Decision, { kind: 'counted' }>;
+const counted = (d: Decision): Counted => {
+  if (d.kind !== 'counted') throw new Error(`not counted: ${d.kind}`);
+  return d;
+};
+
+describe('Limiter', () => {
+  let clock: FakeClock;
+  let store: ObservedStore;
+  let insurance: MemoryCounterStore;
+  let t: LimitTable;
+  let small: LimitRow;
+  let shadow: LimitRow;
+
+  const make = (failureMode: FailureMode = 'insurance') => new Limiter({ store, insurance, failureMode, clock, retryStoreAfterMs: 1000 });
+  const check = (limiter: Limiter, row: LimitRow, keyHash = 'key') => limiter.check({ keyHash, row, limits: row.limits, calendar: t.calendar });
+
+  beforeEach(() => {
+    clock = new FakeClock('2026-11-22T10:15:00Z');
+    store = new ObservedStore(new MemoryCounterStore({ now: () => clock.now() }));
+    insurance = new MemoryCounterStore({ now: () => clock.now() });
+    t = table();
+    [small, shadow] = t.rows as [LimitRow, LimitRow];
+  });
+
+  it('admits up to the hour limit, then refuses with the hour spent', async () => {
+    const limiter = make();
+    for (let i = 1; i <= 3; i++) expect(counted(await check(limiter, small))).toMatchObject({ allowed: true, hour: { used: i, remaining: 3 - i }, day: { used: i } });
+    const refused = counted(await check(limiter, small));
+    expect(refused).toMatchObject({ allowed: false, spent: 'hour', hour: { remaining: 0 }, day: { used: 3, remaining: 2 } });
+    expect(retryAfterHeader(refused, clock.now())).toEqual(['Retry-After', String(45 * 60)]);
+  });
+
+  it('refuses a spent key from memory until its window ends, without asking the store', async () => {
+    const limiter = make();
+    for (let i = 0; i < 4; i++) await check(limiter, small);
+    const callsAfterFirstRefusal = store.calls;
+    for (let i = 0; i < 50; i++) expect(counted(await check(limiter, small))).toMatchObject({ allowed: false, source: 'cache', day: { used: 3 } });
+    expect(store.calls).toBe(callsAfterFirstRefusal);
+    clock.set('2026-11-22T11:00:00Z');
+    expect(counted(await check(limiter, small))).toMatchObject({ allowed: true, source: 'store', hour: { used: 1 }, day: { used: 4 } });
+  });
+
+  it('reports a spent day, with Retry-After until the day ends, and an hour of 0 used in later hours', async () => {
+    const limiter = make();
+    for (let i = 0; i < 3; i++) await check(limiter, small);
+    clock.set('2026-11-22T11:05:00Z');
+    for (let i = 0; i < 2; i++) await check(limiter, small);
+    const refused = counted(await check(limiter, small));
+    expect(refused).toMatchObject({ allowed: false, spent: 'day', hour: { used: 2 }, day: { used: 5, remaining: 0 } });
+    expect(retryAfterHeader(refused, clock.now())[1]).toBe(String((24 - 11) * 3600 - 5 * 60));
+    clock.set('2026-11-22T15:00:00Z');
+    const later = counted(await check(limiter, small));
+    expect(later).toMatchObject({ allowed: false, source: 'cache', spent: 'day', hour: { used: 0, remaining: 3 } });
+    clock.set('2026-11-23T00:00:00Z');
+    expect(counted(await check(limiter, small))).toMatchObject({ allowed: true, hour: { used: 1 }, day: { used: 1 } });
+  });
+
+  it('never refuses a shadow row, and says which windows it went past', async () => {
+    const limiter = make();
+    const decisions = [];
+    for (let i = 0; i < 4; i++) decisions.push(counted(await check(limiter, shadow)));
+    expect(decisions.map((d) => [d.allowed, d.spent, d.hour.used])).toEqual([
+      [true, undefined, 1],
+      [true, undefined, 2],
+      [true, 'hour', 3],
+      [true, 'hour', 4],
+    ]);
+    expect(decisions[3]?.hour.remaining).toBe(0);
+  });
+
+  it('forgets remembered refusals of a key when its counters are reset elsewhere', async () => {
+    const limiter = make();
+    for (let i = 0; i < 4; i++) await check(limiter, small);
+    await store.reset('key', [small.counterId]);
+    expect(counted(await check(limiter, small)).allowed).toBe(false); // still remembered
+    limiter.forgetKey('key');
+    expect(counted(await check(limiter, small))).toMatchObject({ allowed: true, hour: { used: 1 } });
+  });
+
+  it('keeps counting in the insurance store while the store is away, and goes back when it returns', async () => {
+    const limiter = make('insurance');
+    await check(limiter, small);
+    store.failing = new StoreUnavailableError('connection', 'down');
+    const during = counted(await check(limiter, small));
+    expect(during).toMatchObject({ allowed: true, source: 'insurance', hour: { used: 1 } });
+    expect(limiter.storeTrouble()).toBe('down');
+    const callsWhileDown = store.calls;
+    for (let i = 0; i < 2; i++) await check(limiter, small);
+    expect(counted(await check(limiter, small))).toMatchObject({ allowed: false, source: 'insurance' });
+    expect(store.calls).toBe(callsWhileDown); // no request waits on a store known to be down
+    store.failing = undefined;
+    clock.advance(1001);
+    expect(counted(await check(limiter, small))).toMatchObject({ allowed: true, source: 'store', hour: { used: 2 } });
+    expect(limiter.storeTrouble()).toBeUndefined();
+  });
+
+  it('admits without counting in open mode, and answers unavailable in closed mode', async () => {
+    store.failing = new StoreUnavailableError('timeout', 'slow');
+    expect(await check(make('open'), small)).toEqual({ kind: 'uncounted', allowed: true });
+    expect(await check(make('closed'), small)).toEqual({ kind: 'unavailable', allowed: false });
+  });
+
+  it('lets a programming error through rather than reading it as a store outage', async () => {
+    store.failing = new TypeError('bug');
+    await expect(check(make(), small)).rejects.toThrow('bug');
+  });
+});
+
+describe('usage headers', () => {
+  it('carry the numbers of INTERFACE §6 in both syntaxes', async () => {
+    const clock = new FakeClock('2026-11-22T10:30:00Z');
+    const t = table();
+    const row = t.rows[0]!;
+    const limiter = new Limiter({ store: new MemoryCounterStore(), failureMode: 'closed', clock });
+    const d = counted(await limiter.check({ keyHash: 'h', row, limits: row.limits, calendar: t.calendar }));
+    expect(rateLimitHeaders(d, row.limits, clock.now())).toEqual([
+      ['X-RateLimit-Limit-Hour', '3'],
+      ['X-RateLimit-Remaining-Hour', '2'],
+      ['X-RateLimit-Limit-Day', '5'],
+      ['X-RateLimit-Remaining-Day', '4'],
+      ['RateLimit-Policy', '"hour";q=3;w=3600, "day";q=5;w=86400'],
+      ['RateLimit', '"hour";r=2;t=1800, "day";r=4;t=48600'],
+    ]);
+  });
+
+  it('give a Retry-After of the later reset when both windows are spent, and at least 1', () => {
+    const base = { kind: 'counted' as const, allowed: false, source: 'store' as const, at: 0 };
+    const hour = { limit: 1, used: 1, remaining: 0, resetAt: 10_000 };
+    const day = { limit: 1, used: 1, remaining: 0, resetAt: 50_000 };
+    expect(retryAfterHeader({ ...base, spent: 'both', hour, day }, 0)).toEqual(['Retry-After', '50']);
+    expect(retryAfterHeader({ ...base, spent: 'hour', hour, day }, 9_999)).toEqual(['Retry-After', '1']);
+    expect(retryAfterHeader({ ...base, spent: 'hour', hour, day }, 10_000)).toEqual(['Retry-After', '1']);
+  });
+});

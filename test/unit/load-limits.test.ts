@@ -1,0 +1,106 @@
+import { readdirSync, readFileSync } from 'node:fs';
+import { describe, expect, it } from 'vitest';
+import { limitsFor } from '../../src/config/limit-table.js';
+import { parseLimits, readLimitsFile } from '../../src/config/load-limits.js';
+import { formatSourceError } from '../../src/config/yaml-source.js';
+
+const fixtures = new URL('../fixtures/limits/invalid/', import.meta.url);
+
+/** The seed's section 8, as printed there. */
+const SEED_TABLE: Array<[string, string, number, number]> = [
+  ['Authentication', 'POST /auth/token', 60, 500],
+  ['Authentication', 'POST /auth/refresh', 120, 1000],
+  ['Place Order', 'POST /orders', 3600, 50000],
+  ['Modify Order', 'PUT /orders/{id}', 3600, 50000],
+  ['Cancel Order', 'DELETE /orders/{id}', 3600, 50000],
+  ['Order Status', 'GET /orders/{id}', 7200, 100000],
+  ['Order List', 'GET /orders', 1800, 20000],
+  ['Account Information', 'GET /accounts/{id}', 1800, 20000],
+  ['Account Balance', 'GET /accounts/{id}/balance', 3600, 40000],
+  ['Portfolio Information', 'GET /portfolio/{id}', 1800, 20000],
+  ['Portfolio Positions', 'GET /portfolio/{id}/positions', 1800, 20000],
+  ['Latest Quote', 'GET /marketdata/quote/{symbol}', 18000, 200000],
+  ['Order Book', 'GET /marketdata/orderbook/{symbol}', 10000, 100000],
+  ['Price History', 'GET /marketdata/history/{symbol}', 3600, 30000],
+  ['Instruments List', 'GET /instruments', 3600, 20000],
+  ['Symbols List', 'GET /symbols', 3600, 20000],
+  ['WebSocket, Market Data', 'WS /ws/marketdata', 60, 500],
+  ['WebSocket, Orders', 'WS /ws/orders', 60, 500],
+];
+
+describe('the shipped limits.yaml', () => {
+  it('holds the 18 rows of the seed, names and numbers as there, in order', async () => {
+    const result = await readLimitsFile('limits.yaml');
+    if (!result.ok) throw new Error(result.errors.map(formatSourceError).join('\n'));
+    expect(result.table.rows.map((r) => [r.name, r.route.text, r.limits.perHour, r.limits.perDay])).toEqual(SEED_TABLE);
+    expect(result.table.timezone).toBe('UTC');
+    expect(result.table.rows.every((r) => !r.shadow)).toBe(true);
+  });
+
+  it('counts the token operations of the seed section 4 on the POST /auth/token row', async () => {
+    const result = await readLimitsFile('limits.yaml');
+    if (!result.ok) throw new Error('invalid');
+    const auth = result.table.rows[0];
+    expect(auth?.also.map((r) => r.text)).toEqual(['POST /oapi/auth/gen-secret-key/underlying', 'POST /oapi/auth/gen-secret-key/derivative']);
+    for (const path of [['oapi', 'auth', 'gen-secret-key', 'underlying'], ['oapi', 'auth', 'gen-secret-key', 'derivative'], ['auth', 'token']]) {
+      const match = result.table.matcher.match('POST', path);
+      expect(match.kind === 'match' && match.entry.value).toBe(auth);
+    }
+  });
+
+  it('defines the premium and market-maker plans of INTERFACE §10', async () => {
+    const result = await readLimitsFile('limits.yaml');
+    if (!result.ok) throw new Error('invalid');
+    const { table } = result;
+    const quote = table.rows.find((r) => r.route.text === 'GET /marketdata/quote/{symbol}')!;
+    const orders = table.rows.find((r) => r.route.text === 'GET /orders')!;
+    expect(limitsFor(table, orders, 'premium')).toEqual({ perHour: 1800 * 5, perDay: 20000 * 5 });
+    expect(limitsFor(table, quote, 'market-maker')).toEqual({ perHour: 100000, perDay: 1000000 });
+    expect(limitsFor(table, orders, 'market-maker')).toEqual({ perHour: 1800, perDay: 20000 });
+    expect(limitsFor(table, orders, undefined)).toBe(orders.limits);
+  });
+});
+
+describe('an invalid table', () => {
+  const names = readdirSync(fixtures).filter((f) => f.endsWith('.yaml')).sort();
+
+  it('has a fixture for every rule of INTERFACE §4', () => {
+    expect(names.length).toBeGreaterThanOrEqual(20);
+  });
+
+  it.each(names)('%s is refused with its row and line', (name) => {
+    const text = readFileSync(new URL(name, fixtures), 'utf8');
+    const expected = readFileSync(new URL(name.replace(/\.yaml$/, '.errors'), fixtures), 'utf8').trimEnd().split('\n');
+    const result = parseLimits(text, name);
+    expect(result.ok).toBe(false);
+    if (!result.ok) expect(result.errors.map(formatSourceError)).toEqual(expected);
+  });
+
+  it('yields no table at all, even when most rows are fine', () => {
+    const text = readFileSync(new URL('several-errors.yaml', fixtures), 'utf8');
+    expect(parseLimits(text, 'x.yaml')).not.toHaveProperty('table');
+  });
+});
+
+describe('a valid table', () => {
+  it('keeps a row identity that survives renaming the row, its parameter and its numbers', () => {
+    const a = parseLimits('limits:\n  - {name: A, route: "GET /orders/{id}", per_hour: 1, per_day: 2}\n', 'a.yaml');
+    const b = parseLimits('limits:\n  - {name: B, route: "GET /orders/{orderId}", per_hour: 10, per_day: 20}\n', 'b.yaml');
+    if (!a.ok || !b.ok) throw new Error('invalid');
+    expect(a.table.rows[0]?.counterId).toBe(b.table.rows[0]?.counterId);
+    expect(a.table.hash).not.toBe(b.table.hash);
+  });
+
+  it('defaults the timezone to UTC and reads shadow rows', () => {
+    const result = parseLimits('limits:\n  - {name: A, route: "GET /a", per_hour: 1, per_day: 2, shadow: true}\n', 'a.yaml');
+    if (!result.ok) throw new Error('invalid');
+    expect(result.table.timezone).toBe('UTC');
+    expect(result.table.rows[0]?.shadow).toBe(true);
+  });
+
+  it('reports a missing file as an error, not a crash', async () => {
+    const result = await readLimitsFile('does-not-exist.yaml');
+    expect(result.ok).toBe(false);
+    if (!result.ok) expect(formatSourceError(result.errors[0]!)).toBe('does-not-exist.yaml:1:1: file not found');
+  });
+});

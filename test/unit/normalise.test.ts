@@ -1,0 +1,92 @@
+import fc from 'fast-check';
+import { describe, expect, it } from 'vitest';
+import { normaliseTarget } from '../../src/limits/normalise.js';
+
+const ok = (target: string) => {
+  const result = normaliseTarget(target);
+  if (!result.ok) throw new Error(`refused ${target}: ${result.reason}`);
+  return result;
+};
+
+describe('normaliseTarget', () => {
+  it.each([
+    ['/orders/1', '/orders/1'],
+    ['/orders//1', '/orders/1'],
+    ['/orders/1/', '/orders/1'],
+    ['//orders///1//', '/orders/1'],
+    ['/orders/./1', '/orders/1'],
+    ['/orders/x/../1', '/orders/1'],
+    ['/../../orders/1', '/orders/1'],
+    ['/orders/%2e/1', '/orders/1'],
+    ['/orders/%2E%2e/orders/1', '/orders/1'],
+    ['/%6Frders/1', '/orders/1'],
+    ['/orders/%7e1', '/orders/~1'],
+    ['/orders/%c3%a9', '/orders/%C3%A9'],
+    ['/', '/'],
+    ['/./', '/'],
+    ['/..', '/'],
+  ])('%s → %s', (target, path) => {
+    expect(ok(target).path).toBe(path);
+  });
+
+  it('keeps the query string exactly as sent', () => {
+    expect(ok('/orders/1/?a=1&b=%2F&c=/../x').query).toBe('?a=1&b=%2F&c=/../x');
+    expect(ok('/orders/1').query).toBe('');
+  });
+
+  it('accepts the absolute form and keeps only its path and query (RFC 9112 §3.2.2)', () => {
+    const result = ok('http://gateway.example:8080/orders//1?x=2');
+    expect(result.path).toBe('/orders/1');
+    expect(result.query).toBe('?x=2');
+    expect(ok('https://gateway.example').path).toBe('/');
+  });
+
+  it.each([
+    ['/orders/%2F1', 'Encoded slash in path'],
+    ['/orders/%2f1', 'Encoded slash in path'],
+    ['/orders/%5C1', 'Encoded slash in path'],
+    ['/orders/%00', 'Encoded control character in path'],
+    ['/orders/%zz', 'Malformed percent-encoding in path'],
+    ['/orders/1%', 'Malformed percent-encoding in path'],
+    ['/orders\\1', 'Invalid character in path'],
+    ['/orders/<1>', 'Invalid character in path'],
+    ['/orders/1#frag', 'Malformed request target'],
+    ['orders/1', 'Malformed request target'],
+    ['*', 'Malformed request target'],
+  ])('refuses %s', (target, reason) => {
+    expect(normaliseTarget(target)).toEqual({ ok: false, reason });
+  });
+
+  const segment = fc.oneof(
+    fc.constantFrom('', '.', '..', '%2e', '%2E%2e', 'orders', '1', 'a%41', '%7E', 'x.y', '~', '@:'),
+    fc.stringMatching(/^[A-Za-z0-9._~-]{1,6}$/),
+  );
+  const path = fc.array(segment, { maxLength: 8 }).map((parts) => '/' + parts.join('/'));
+
+  it('always yields a path in normal form: no empty, "." or ".." segment, no trailing slash', () => {
+    fc.assert(
+      fc.property(path, (target) => {
+        const result = ok(target);
+        expect(result.path.startsWith('/')).toBe(true);
+        expect(result.path === '/' || !result.path.endsWith('/')).toBe(true);
+        for (const s of result.segments) {
+          expect(s).not.toBe('');
+          expect(s).not.toBe('.');
+          expect(s).not.toBe('..');
+        }
+        expect(result.path).toBe('/' + result.segments.join('/'));
+      }),
+      { numRuns: 2000 },
+    );
+  });
+
+  it('is idempotent: a normalised path normalises to itself', () => {
+    fc.assert(
+      fc.property(path, (target) => {
+        const once = ok(target);
+        expect(ok(once.path).path).toBe(once.path);
+      }),
+      { numRuns: 2000 },
+    );
+  });
+});
