@@ -20,8 +20,9 @@ export function createLogger(level: LogLevel, destination?: DestinationStream): 
     redact: { paths: REDACT, censor: '[redacted]' },
     formatters: { level: (label: string) => ({ level: label }) },
   };
-  // Buffered, asynchronous writes keep logging off the request's critical path; runner flushes on exit.
-  return pino(options, destination ?? pino.destination({ dest: 1, sync: false, minLength: 4096 }));
+  // Asynchronous writes keep logging off the request path: lines written while a write is in
+  // flight are coalesced into the next one. No minimum length: a quiet gateway's lines still go out at once.
+  return pino(options, destination ?? pino.destination({ dest: 1, sync: false }));
 }
 
 /** The short, non-reversible name of an API key (or of its full SHA-256 hash) used in logs. */

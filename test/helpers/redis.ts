@@ -89,6 +89,7 @@ export async function waitForPing(port: number, timeoutMs: number): Promise<void
   const deadline = Date.now() + timeoutMs;
   while (Date.now() < deadline) {
     const client = new Redis({ port, host: '127.0.0.1', lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => null, connectTimeout: 500 });
+    client.on('error', () => {}); // refused until the server is up
     try {
       await client.connect();
       await client.ping();

@@ -7,8 +7,9 @@ import type { ConsumeRequest, CounterStore } from '../../src/limits/store.js';
  */
 
 let n = 0;
-const H = 1_700_000_000; // an hour window start, epoch seconds
-const D = H - 36_000;
+// Windows around the real present: Redis expires counters against its own clock.
+const H = Math.floor(Date.now() / 3_600_000) * 3600; // an hour window start, epoch seconds
+const D = H - (H % 86_400);
 
 export function request(over: Partial<ConsumeRequest> = {}): ConsumeRequest {
   return {
@@ -18,7 +19,7 @@ export function request(over: Partial<ConsumeRequest> = {}): ConsumeRequest {
     dayStart: D,
     hourLimit: 3,
     dayLimit: 5,
-    expireAt: (D + 86_400 + 3_600) * 1000,
+    expireAt: (D + 3 * 86_400) * 1000,
     force: false,
     ...over,
   };

@@ -1,0 +1,138 @@
+import { execFile, spawn, type ChildProcess } from 'node:child_process';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+import { afterEach, describe, expect, it } from 'vitest';
+import { freePort } from '../helpers/redis.js';
+
+/** The commands of INTERFACE §2, run as a user runs them (from the built `dist/`). */
+
+const run = promisify(execFile);
+const ROOT = new URL('../../', import.meta.url).pathname;
+const BIN = join(ROOT, 'node_modules/.bin/oapi-gateway');
+const children: ChildProcess[] = [];
+
+afterEach(() => {
+  for (const child of children.splice(0)) child.kill('SIGKILL');
+});
+
+async function start(env: Record<string, string>, cwd = ROOT): Promise<{ code: number | null; stderr: string; stdout: string }> {
+  const child = spawn(process.execPath, [join(ROOT, 'dist/main.js')], { cwd, env: { PATH: process.env.PATH, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  children.push(child);
+  let stdout = '';
+  let stderr = '';
+  child.stdout.on('data', (c: Buffer) => (stdout += c));
+  child.stderr.on('data', (c: Buffer) => (stderr += c));
+  const code = await new Promise<number | null>((resolve) => {
+    const timer = setTimeout(() => resolve(null), 8000);
+    child.once('exit', (c) => {
+      clearTimeout(timer);
+      resolve(c);
+    });
+  });
+  return { code, stdout, stderr };
+}
+
+describe('npm start', () => {
+  it('exits 1 with one line naming a missing bridge URL', async () => {
+    const result = await start({});
+    expect(result.code).toBe(1);
+    expect(result.stderr).toBe('oapi-gateway: EQT_BRIDGE_URL is not set: the base URL of the eqt bridge is required, e.g. http://127.0.0.1:7001\n');
+  });
+
+  it('exits 1 with one line naming a bad value', async () => {
+    const result = await start({ EQT_BRIDGE_URL: 'http://127.0.0.1:1', FNO_BRIDGE_URL: 'http://127.0.0.1:2', PORT: '70000' });
+    expect(result.code).toBe(1);
+    expect(result.stderr).toBe('oapi-gateway: PORT=70000: must be a port number (0-65535)\n');
+  });
+
+  it('exits 1 with every error of an invalid limit table', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'oapi-start-'));
+    writeFileSync(join(dir, 'limits.yaml'), 'limits:\n  - {name: A, route: "GET /a", per_hour: 0, per_day: 1}\n');
+    const result = await start({ EQT_BRIDGE_URL: 'http://127.0.0.1:1', FNO_BRIDGE_URL: 'http://127.0.0.1:2', PORT: '0', ADMIN_PORT: '0' }, dir);
+    expect(result.code).toBe(1);
+    expect(result.stderr).toBe('oapi-gateway: the gateway cannot start:\nlimits.yaml:2:42: row 1 (A): per_hour must be a positive integer, got 0\n');
+  });
+
+  it('serves without REDIS_URL, warning that in-memory counters suit one instance only, and stops cleanly on SIGTERM', async () => {
+    const port = await freePort();
+    const child = spawn(process.execPath, [join(ROOT, 'dist/main.js')], {
+      cwd: ROOT,
+      env: { PATH: process.env.PATH, EQT_BRIDGE_URL: 'http://127.0.0.1:1', FNO_BRIDGE_URL: 'http://127.0.0.1:2', PORT: String(port), HOST: '127.0.0.1', ADMIN_PORT: '0', API_KEY_MODE: 'any' },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    children.push(child);
+    let out = '';
+    child.stdout.on('data', (c: Buffer) => (out += c));
+    const deadline = Date.now() + 8000;
+    while (!out.includes('gateway listening') && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+    const warning = out.split('\n').filter(Boolean).map((l) => JSON.parse(l) as { level: string; msg: string }).find((l) => l.level === 'warn');
+    expect(warning?.msg).toBe('REDIS_URL is not set: counters live in this process, which suits one instance only');
+    const reply = await fetch(`http://127.0.0.1:${port}/orders/1`, { headers: { 'X-API-Key': 'k' } });
+    expect(reply.status).toBe(502);
+    child.kill('SIGTERM');
+    const code = await new Promise((resolve) => child.once('exit', resolve));
+    expect(code).toBe(0);
+  });
+});
+
+describe('npx oapi-gateway', () => {
+  it('check prints the shipped table and exits 0', async () => {
+    const { stdout } = await run(BIN, ['check', 'limits.yaml'], { cwd: ROOT });
+    expect(stdout).toMatch(/^limits\.yaml: valid, 18 rows, timezone UTC, sha256:[0-9a-f]{64}\n/);
+    expect(stdout).toContain('Latest Quote');
+    expect(stdout).toContain('+ POST /oapi/auth/gen-secret-key/derivative');
+    expect(stdout).toMatch(/WS \/ws\/orders\s+60\s+500/);
+    expect(stdout).toContain('plan premium: 18 of 18 rows differ from the table');
+  });
+
+  it('check exits 1 with the errors and their lines', async () => {
+    const fixture = join(ROOT, 'test/fixtures/limits/invalid/several-errors.yaml');
+    const error = await run(BIN, ['check', fixture], { cwd: ROOT }).catch((e: { code: number; stderr: string }) => e);
+    expect((error as { code: number }).code).toBe(1);
+    expect((error as { stderr: string }).stderr).toBe(
+      `${fixture}:6:14: row 1 (Order List): per_day (200) is below per_hour (1800)\n` +
+        `${fixture}:7:5: row 2: missing "name"\n` +
+        `${fixture}:14:5: row 3 (Cancel Order): unknown key "burst" (expected one of name, route, also, per_hour, per_day, shadow)\n` +
+        `${fixture}: 3 errors; not valid\n`,
+    );
+  });
+
+  it('keys hash prints the line for the key file', async () => {
+    const { stdout } = await run(BIN, ['keys', 'hash', 'foo'], { cwd: ROOT });
+    expect(stdout).toBe('    sha256: 2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae\n');
+  });
+});
+
+describe('npm run sandbox', () => {
+  it('prints curl commands that work as pasted', async () => {
+    const port = await freePort();
+    const adminPort = await freePort();
+    const child = spawn(process.execPath, [join(ROOT, 'dist/sandbox/main.js')], { cwd: ROOT, env: { PATH: process.env.PATH, PORT: String(port), ADMIN_PORT: String(adminPort) }, stdio: ['ignore', 'pipe', 'pipe'] });
+    children.push(child);
+    let out = '';
+    child.stdout.on('data', (c: Buffer) => (out += c));
+    const deadline = Date.now() + 10_000;
+    while (!out.includes('Ctrl-C stops it.') && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+    const curls = out.split('\n').map((l) => l.trim()).filter((l) => l.startsWith('curl '));
+    expect(curls).toHaveLength(4);
+
+    const sh = async (command: string): Promise<string> => (await run('bash', ['-c', command])).stdout;
+    const login = await sh(curls[0] as string);
+    expect(login).toMatch(/^HTTP\/1\.1 200 OK/);
+    expect(login).toContain('X-RateLimit-Remaining-Hour: 59');
+    const tokens = JSON.parse(login.split('\r\n\r\n')[1] as string) as Record<string, unknown>;
+    expect(Object.keys(tokens).sort()).toEqual(['access_token', 'expires_in', 'otp_token', 'refresh_token', 'token_type']);
+    expect(tokens.token_type).toBe('Bearer');
+
+    const wrong = await sh(curls[1] as string);
+    expect(wrong).toMatch(/^HTTP\/1\.1 500 /);
+    expect(wrong.split('\r\n\r\n')[1]).toBe('{"code":"OAPI_EQT_500","messageParams":{"error":"server_error","error_description":"-107: Tên đăng nhập hoặc mật khẩu không đúng","s":500},"params":null,"source":"oapi-bridge-eqt","message":null}');
+
+    expect(await sh(curls[2] as string)).toMatch(/^HTTP\/1\.1 200 OK/);
+    const usage = JSON.parse(await sh(curls[3] as string)) as { endpoints: Array<{ route: string; hour: { used: number } }> };
+    expect(usage.endpoints.find((e) => e.route === 'POST /auth/token')?.hour.used).toBe(2);
+    expect(usage.endpoints.find((e) => e.route === 'GET /orders/{id}')?.hour.used).toBe(1);
+  });
+});

@@ -1,0 +1,61 @@
+import { afterAll, describe, expect, it } from 'vitest';
+import { RedisCounterStore } from '../../src/redis/counter-store.js';
+import { createRedisClient } from '../../src/redis/connection.js';
+import { StoreUnavailableError } from '../../src/limits/store.js';
+import { describeCounterStore, request } from '../helpers/store-contract.js';
+import { REDIS_URL, redisClient, startRedisServer, uniquePrefix } from '../helpers/redis.js';
+
+const client = createRedisClient({ url: REDIS_URL, commandTimeoutMs: 1000 });
+await client.connect();
+const prefix = uniquePrefix('store');
+afterAll(async () => {
+  await client.quit();
+});
+
+describeCounterStore('RedisCounterStore', () => new RedisCounterStore(client, prefix));
+
+describe('RedisCounterStore in Redis', () => {
+  it('keeps one hash per key and row, in the key hash slot, expiring after its day', async () => {
+    const store = new RedisCounterStore(client, prefix);
+    const r = request({ keyHash: 'slotcheck' });
+    await store.consume(r);
+    const key = store.counterKey('slotcheck', r.counterId);
+    expect(key).toBe(`${prefix}c:{slotcheck}:${r.counterId}`);
+    const inspect = redisClient();
+    expect(await inspect.hgetall(key)).toEqual({ hs: String(r.hourStart), hc: '1', ds: String(r.dayStart), dc: '1' });
+    expect(await inspect.pexpiretime(key)).toBe(r.expireAt);
+    inspect.disconnect();
+  });
+
+  it('runs one Lua script per consume, reading and writing with two commands', async () => {
+    const own = await startRedisServer();
+    const c = createRedisClient({ url: own.url, commandTimeoutMs: 1000 });
+    c.on('error', () => {});
+    await c.connect();
+    const store = new RedisCounterStore(c, 'x:');
+    await store.consume(request()); // loads the script
+    await c.config('RESETSTAT');
+    for (let i = 0; i < 10; i++) await store.consume(request({ hourLimit: 100, dayLimit: 100 }));
+    const stats = await c.info('commandstats');
+    const calls = (name: string): number => Number(new RegExp(`cmdstat_${name}:calls=(\\d+)`).exec(stats)?.[1] ?? 0);
+    expect(calls('evalsha') + calls('eval')).toBe(10);
+    expect(calls('hmget')).toBe(10);
+    expect(calls('hset')).toBe(10);
+    c.disconnect();
+    await own.stop();
+  });
+
+  it('fails with a typed store error, quickly, when Redis is gone', async () => {
+    const own = await startRedisServer();
+    const c = createRedisClient({ url: own.url, commandTimeoutMs: 200 });
+    c.on('error', () => {}); // reconnect attempts after the stop
+    await c.connect();
+    const store = new RedisCounterStore(c, 'x:');
+    await own.stop();
+    const started = Date.now();
+    const err = await store.consume(request()).catch((e: unknown) => e);
+    expect(err).toBeInstanceOf(StoreUnavailableError);
+    expect(Date.now() - started).toBeLessThan(1000);
+    c.disconnect();
+  });
+});
