@@ -1,6 +1,6 @@
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
-import { relative } from 'node:path';
+import { isAbsolute, relative } from 'node:path';
 import type { DestinationStream } from 'pino';
 import { createAdminApp } from './admin/app.js';
 import { getRequestListener } from '@hono/node-server';
@@ -69,7 +69,11 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
   const { settings } = options;
   const logger = options.logger ?? createLogger(settings.logLevel, options.logDestination);
   const metrics = new GatewayMetrics();
-  const displayName = (path: string): string => relative(process.cwd(), path) || path;
+  // As an operator would write it: relative to the working directory when inside it.
+  const displayName = (path: string): string => {
+    const rel = relative(process.cwd(), path);
+    return rel === '' || rel.startsWith('..') || isAbsolute(rel) ? path : rel;
+  };
 
   // Counter store
   let redis: RedisClient | undefined;

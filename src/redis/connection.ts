@@ -20,6 +20,8 @@ const reconnectDelay = (times: number): number => Math.min(50 * 2 ** Math.min(ti
 
 function commonOptions(commandTimeoutMs: number): RedisOptions {
   return {
+    // Shown by CLIENT LIST: which process holds a connection.
+    connectionName: `oapi-gateway:${process.pid}`,
     commandTimeout: commandTimeoutMs,
     connectTimeout: Math.max(1000, commandTimeoutMs * 4),
     maxRetriesPerRequest: 0,

@@ -1,0 +1,131 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { ADMIN_TOKEN } from '../helpers/gateway.js';
+import { send } from '../helpers/http.js';
+import { freePort, redisClient, REDIS_URL, uniquePrefix } from '../helpers/redis.js';
+
+/** The gateway as a process: SIGHUP reloads, SIGTERM and SIGINT drain and exit 0. */
+
+const ROOT = new URL('../../', import.meta.url).pathname;
+const LIMITS = readFileSync(join(ROOT, 'limits.yaml'), 'utf8');
+const children: ChildProcess[] = [];
+
+/** A bridge that answers after `delayMs`, to have requests in flight. */
+let slowBridge: http.Server;
+let slowUrl: string;
+beforeAll(async () => {
+  slowBridge = http.createServer((req, res) => {
+    const delay = Number(new URL(req.url ?? '/', 'http://x').searchParams.get('delay') ?? 0);
+    req.resume();
+    setTimeout(() => {
+      res.writeHead(200, { 'Content-Type': 'application/json' });
+      res.end('{"slow":true}');
+    }, delay);
+  });
+  await new Promise<void>((r) => slowBridge.listen(0, '127.0.0.1', r));
+  slowUrl = `http://127.0.0.1:${(slowBridge.address() as AddressInfo).port}`;
+});
+afterAll(() => {
+  slowBridge.closeAllConnections();
+  slowBridge.close();
+});
+afterEach(() => {
+  for (const child of children.splice(0)) if (child.exitCode === null) child.kill('SIGKILL');
+});
+
+async function startProcess(env: Record<string, string> = {}) {
+  const dir = mkdtempSync(join(tmpdir(), 'oapi-proc-'));
+  writeFileSync(join(dir, 'limits.yaml'), LIMITS);
+  const port = await freePort();
+  const adminPort = await freePort();
+  const prefix = uniquePrefix('proc');
+  const child = spawn(process.execPath, [join(ROOT, 'dist/main.js')], {
+    cwd: dir,
+    env: {
+      PATH: process.env.PATH,
+      PORT: String(port),
+      HOST: '127.0.0.1',
+      ADMIN_PORT: String(adminPort),
+      ADMIN_TOKEN,
+      EQT_BRIDGE_URL: slowUrl,
+      FNO_BRIDGE_URL: slowUrl,
+      REDIS_URL,
+      REDIS_KEY_PREFIX: prefix,
+      API_KEY_MODE: 'any',
+      SHUTDOWN_TIMEOUT_MS: '5000',
+      ...env,
+    },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  children.push(child);
+  let log = '';
+  child.stdout.on('data', (c: Buffer) => (log += c));
+  const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
+  const deadline = Date.now() + 8000;
+  while (!log.includes('gateway listening') && Date.now() < deadline) await new Promise((r) => setTimeout(r, 25));
+  if (!log.includes('gateway listening')) throw new Error(`gateway did not start:\n${log}`);
+  return { child, dir, url: `http://127.0.0.1:${port}`, adminUrl: `http://127.0.0.1:${adminPort}`, prefix, log: () => log, exited };
+}
+
+describe('SIGHUP', () => {
+  it('reloads the limit table', async () => {
+    const gw = await startProcess();
+    writeFileSync(join(gw.dir, 'limits.yaml'), LIMITS.replace('per_hour: 7200', 'per_hour: 7100'));
+    gw.child.kill('SIGHUP');
+    const deadline = Date.now() + 3000;
+    while (!gw.log().includes('"trigger":"signal"') && Date.now() < deadline) await new Promise((r) => setTimeout(r, 25));
+    const line = gw.log().split('\n').find((l) => l.includes('"trigger":"signal"'));
+    expect(JSON.parse(line ?? '{}')).toMatchObject({ msg: 'limit table loaded', trigger: 'signal', rows: 18 });
+    const reply = await send(gw.url, { path: '/orders/1', headers: { 'X-API-Key': 'hup' }, agent: false });
+    expect(reply.headers['x-ratelimit-limit-hour']).toBe('7100');
+  });
+});
+
+describe.each(['SIGTERM', 'SIGINT'] as const)('%s', (signal) => {
+  it('stops accepting, lets requests in flight finish, closes Redis and exits 0', async () => {
+    const gw = await startProcess();
+    const redis = redisClient();
+    const ownConnections = async (): Promise<number> => (await redis.client('LIST')).split('\n').filter((l) => l.includes(` name=oapi-gateway:${gw.child.pid} `)).length;
+    expect(await ownConnections()).toBeGreaterThanOrEqual(2); // counters and the event channel
+    const inFlight = send(gw.url, { path: '/orders/1?delay=700', headers: { 'X-API-Key': 'drain' }, agent: false });
+    await new Promise((r) => setTimeout(r, 200));
+    const stopAt = Date.now();
+    gw.child.kill(signal);
+    await new Promise((r) => setTimeout(r, 100));
+    // No new connection is accepted once the shutdown began.
+    const refused = await send(gw.url, { path: '/orders/2', headers: { 'X-API-Key': 'late' }, agent: false }).then(
+      () => 'accepted',
+      (err: NodeJS.ErrnoException) => err.code,
+    );
+    expect(refused).toBe('ECONNREFUSED');
+    const reply = await inFlight;
+    expect(reply.status).toBe(200);
+    expect(reply.text).toBe('{"slow":true}');
+    expect(await gw.exited).toBe(0);
+    expect(Date.now() - stopAt).toBeLessThan(5000);
+    expect(gw.log()).toContain('"msg":"gateway stopped"');
+    expect(await ownConnections()).toBe(0);
+    redis.disconnect();
+  });
+});
+
+describe('a request that outlasts SHUTDOWN_TIMEOUT_MS', () => {
+  it('is cut off and the process still exits 0', async () => {
+    const gw = await startProcess({ SHUTDOWN_TIMEOUT_MS: '300', UPSTREAM_TIMEOUT_MS: '20000' });
+    const inFlight = send(gw.url, { path: '/orders/1?delay=5000', headers: { 'X-API-Key': 'cut' }, agent: false }).then(
+      (r) => r.status,
+      (err: Error) => err.message,
+    );
+    await new Promise((r) => setTimeout(r, 200));
+    const stopAt = Date.now();
+    gw.child.kill('SIGTERM');
+    expect(await gw.exited).toBe(0);
+    expect(Date.now() - stopAt).toBeLessThan(3000);
+    expect(await inFlight).toBe('socket hang up');
+  });
+});

@@ -1,0 +1,184 @@
+import { execFile } from 'node:child_process';
+import { mkdirSync, renameSync, symlinkSync, writeFileSync } from 'node:fs';
+import http from 'node:http';
+import { join } from 'node:path';
+import { promisify } from 'node:util';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { authHeader, startTestGateway, type TestGateway } from '../helpers/gateway.js';
+import { send } from '../helpers/http.js';
+
+/** Live changes of limits.yaml (INTERFACE §7): a good table takes over, a bad one changes nothing. */
+
+const run = promisify(execFile);
+const BIN = new URL('../../node_modules/.bin/oapi-gateway', import.meta.url).pathname;
+
+const table = (perHour: number, perDay: number, name = 'Order List'): string => `
+timezone: UTC
+limits:
+  - { name: ${name}, route: "GET /orders", per_hour: ${perHour}, per_day: ${perDay} }
+  - { name: Order Status, route: "GET /orders/{id}", per_hour: 1000, per_day: 1000 }
+`;
+
+const admin = (gw: TestGateway, path: string, method = 'GET') => send(gw.adminUrl, { path, method, headers: authHeader() });
+const limitsHash = async (gw: TestGateway): Promise<string> => (await admin(gw, '/admin/limits')).json<{ hash: string }>().hash;
+const orderListLimit = async (gw: TestGateway, key: string): Promise<string | undefined> =>
+  (await send(gw.url, { path: '/orders', headers: { 'X-API-Key': key } })).headers['x-ratelimit-limit-hour'] as string | undefined;
+
+async function waitFor<T>(probe: () => Promise<T>, accept: (value: T) => boolean, timeoutMs = 5000): Promise<T> {
+  const deadline = Date.now() + timeoutMs;
+  let value = await probe();
+  while (!accept(value) && Date.now() < deadline) {
+    await new Promise((r) => setTimeout(r, 50));
+    value = await probe();
+  }
+  return value;
+}
+
+describe('POST /admin/limits/reload', () => {
+  let gw: TestGateway;
+  beforeAll(async () => {
+    gw = await startTestGateway({ limits: table(5, 10) });
+  });
+  afterAll(async () => {
+    await gw.stop();
+  });
+
+  it('loads a valid table and keeps every row its counters when its numbers and name change', async () => {
+    const key = `carry-${Date.now()}`;
+    for (let i = 0; i < 5; i++) await send(gw.url, { path: '/orders', headers: { 'X-API-Key': key } });
+    expect((await send(gw.url, { path: '/orders', headers: { 'X-API-Key': key } })).status).toBe(429);
+
+    writeFileSync(gw.limitsPath, table(8, 20, 'Orders renamed'));
+    const reply = await admin(gw, '/admin/limits/reload', 'POST');
+    expect(reply.status).toBe(200);
+    const body = reply.json<{ hash: string; loadedAt: string; changed: boolean }>();
+    expect(body.hash).toMatch(/^sha256:[0-9a-f]{64}$/);
+    expect(body.changed).toBe(true);
+    expect(await limitsHash(gw)).toBe(body.hash);
+
+    // The same counters, under the new numbers: 5 used of 8, and the remembered refusal is gone.
+    const next = await send(gw.url, { path: '/orders', headers: { 'X-API-Key': key } });
+    expect(next.status).toBe(200);
+    expect(next.headers['x-ratelimit-limit-hour']).toBe('8');
+    expect(next.headers['x-ratelimit-remaining-hour']).toBe('2');
+    expect(next.headers['x-ratelimit-remaining-day']).toBe('14');
+  });
+
+  it('refuses an invalid table with the errors check prints, logs and counts it, and keeps the table in force', async () => {
+    const before = await limitsHash(gw);
+    const invalid = 'timezone: UTC\nlimits:\n  - { name: Order List, route: "GET /orders", per_hour: 50, per_day: 5 }\n  - { name: X, route: "FETCH /x", per_hour: 1, per_day: 1 }\n';
+    writeFileSync(gw.limitsPath, invalid);
+    const reply = await admin(gw, '/admin/limits/reload', 'POST');
+    expect(reply.status).toBe(422);
+    const body = reply.json<{ error: string; message: string; errors: string[] }>();
+    expect(body.error).toBe('Unprocessable Content');
+
+    const check = await run(BIN, ['check', gw.limitsPath]).catch((e: { stderr: string }) => e);
+    const printed = (check as { stderr: string }).stderr.trimEnd().split('\n').slice(0, -1);
+    expect(printed).toHaveLength(2);
+    expect(body.errors).toEqual(printed);
+
+    expect(await limitsHash(gw)).toBe(before);
+    expect(await orderListLimit(gw, `after-bad-${Date.now()}`)).toBe('8');
+    await new Promise((r) => setTimeout(r, 20));
+    const logged = gw.logs.find((l) => l.msg === 'limit table refused; the table in force stays');
+    expect(logged?.errors).toEqual(printed);
+    const metrics = (await send(gw.adminUrl, { path: '/metrics' })).text;
+    expect(metrics).toMatch(/^oapi_gateway_limits_reloads_total\{result="invalid"\} [1-9]\d*$/m);
+    writeFileSync(gw.limitsPath, table(8, 20, 'Orders renamed'));
+  });
+});
+
+describe('a change of the file on disk', () => {
+  let gw: TestGateway;
+  beforeAll(async () => {
+    gw = await startTestGateway({ limits: table(5, 10) });
+  });
+  afterAll(async () => {
+    await gw.stop();
+  });
+
+  it('is loaded when the file is written in place', async () => {
+    writeFileSync(gw.limitsPath, table(11, 20));
+    expect(await waitFor(() => orderListLimit(gw, `inplace-${Date.now()}`), (v) => v === '11')).toBe('11');
+  });
+
+  it('is loaded when an editor replaces the file by a rename', async () => {
+    const tmp = join(gw.dir, '.limits.yaml.swp');
+    writeFileSync(tmp, table(12, 20));
+    renameSync(tmp, gw.limitsPath);
+    expect(await waitFor(() => orderListLimit(gw, `rename-${Date.now()}`), (v) => v === '12')).toBe('12');
+  });
+
+  it('keeps the table in force when the new file is invalid', async () => {
+    writeFileSync(gw.limitsPath, 'limits: [oops');
+    await new Promise((r) => setTimeout(r, 800));
+    expect(await orderListLimit(gw, `stay-${Date.now()}`)).toBe('12');
+    writeFileSync(gw.limitsPath, table(13, 20));
+    expect(await waitFor(() => orderListLimit(gw, `back-${Date.now()}`), (v) => v === '13')).toBe('13');
+  });
+});
+
+describe('a Kubernetes ConfigMap update', () => {
+  it('is loaded when the ..data symlink is swapped to a new directory', async () => {
+    // The layout the kubelet writes: limits.yaml -> ..data/limits.yaml, ..data -> ..<timestamp>/
+    const { mkdtempSync } = await import('node:fs');
+    const { tmpdir } = await import('node:os');
+    const dir = mkdtempSync(join(tmpdir(), 'oapi-cm-'));
+    mkdirSync(join(dir, '..2026_11_22_10_00_00.1'));
+    writeFileSync(join(dir, '..2026_11_22_10_00_00.1', 'limits.yaml'), table(21, 30));
+    symlinkSync('..2026_11_22_10_00_00.1', join(dir, '..data'));
+    symlinkSync('..data/limits.yaml', join(dir, 'limits.yaml'));
+    const gw = await startTestGateway({ dir, env: {} });
+    try {
+      expect(await orderListLimit(gw, `cm-${Date.now()}`)).toBe('21');
+      mkdirSync(join(dir, '..2026_11_22_10_05_00.2'));
+      writeFileSync(join(dir, '..2026_11_22_10_05_00.2', 'limits.yaml'), table(22, 30));
+      symlinkSync('..2026_11_22_10_05_00.2', join(dir, '..data_tmp'));
+      renameSync(join(dir, '..data_tmp'), join(dir, '..data'));
+      expect(await waitFor(() => orderListLimit(gw, `cm2-${Date.now()}`), (v) => v === '22')).toBe('22');
+    } finally {
+      await gw.stop();
+    }
+  });
+});
+
+describe('a reload under load', () => {
+  it('loses no request and answers every one correctly', async () => {
+    const gw = await startTestGateway({ limits: table(100_000, 1_000_000), env: { LOG_LEVEL: 'warn' } });
+    const agent = new http.Agent({ keepAlive: true, maxSockets: 20 });
+    try {
+      let stop = false;
+      const statuses: number[] = [];
+      const errors: string[] = [];
+      const client = async (n: number): Promise<void> => {
+        for (let i = 0; i < 2000 && !stop; i++) {
+          try {
+            const reply = await send(gw.url, { path: `/orders/${n}-${i}`, headers: { 'X-API-Key': `load-${n}` }, agent });
+            statuses.push(reply.status);
+          } catch (err) {
+            errors.push((err as Error).message);
+          }
+        }
+      };
+      const clients = Array.from({ length: 10 }, (_, n) => client(n));
+      for (let r = 0; r < 6; r++) {
+        await new Promise((resolve) => setTimeout(resolve, 100));
+        writeFileSync(gw.limitsPath, table(100_000 + r, 1_000_000) + `# reload ${r}\n`);
+        const reply = await admin(gw, '/admin/limits/reload', 'POST');
+        expect(reply.status).toBe(200);
+      }
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      stop = true;
+      await Promise.all(clients);
+      expect(errors).toEqual([]);
+      expect(statuses.length).toBeGreaterThan(100);
+      expect(statuses.every((s) => s === 200)).toBe(true);
+      const usage = (await admin(gw, '/admin/usage/load-0')).json<{ endpoints: Array<{ route: string; hour: { used: number } }> }>();
+      expect(usage.endpoints[1]?.hour.used).toBeGreaterThan(0);
+    } finally {
+      agent.destroy();
+      await gw.stop();
+    }
+  });
+});
