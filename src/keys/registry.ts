@@ -14,6 +14,8 @@ import type { KeyRecord } from './key-file.js';
 
 export interface IssuedKeyStore {
   all(): Promise<KeyRecord[]>;
+  /** The issued key with this SHA-256 hex, if any. */
+  find(keyHash: string): Promise<KeyRecord | undefined>;
   /** Adds a key unless its id is taken; returns false when it is. */
   add(record: KeyRecord): Promise<boolean>;
   remove(id: string): Promise<boolean>;
@@ -27,6 +29,10 @@ export class MemoryIssuedKeyStore implements IssuedKeyStore {
 
   async all(): Promise<KeyRecord[]> {
     return [...this.#keys.values()];
+  }
+
+  async find(keyHash: string): Promise<KeyRecord | undefined> {
+    return [...this.#keys.values()].find((k) => k.sha256 === keyHash);
   }
 
   async add(record: KeyRecord): Promise<boolean> {
@@ -47,45 +53,88 @@ export class MemoryIssuedKeyStore implements IssuedKeyStore {
   }
 }
 
+// Two views of the same keys, changed together: by id (listing, unique ids) and by hash (lookup).
+const ADD_SCRIPT = `
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+redis.call('HSET', KEYS[2], ARGV[2], ARGV[1])
+redis.call('INCR', KEYS[3])
+return 1
+`;
+const REMOVE_SCRIPT = `
+local stored = redis.call('HGET', KEYS[1], ARGV[1])
+if not stored then return 0 end
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], cjson.decode(stored).sha256)
+redis.call('INCR', KEYS[3])
+return 1
+`;
+const FIND_SCRIPT = `
+local id = redis.call('HGET', KEYS[2], ARGV[1])
+if not id then return false end
+local stored = redis.call('HGET', KEYS[1], id)
+if not stored then return false end
+return {id, stored}
+`;
+
+interface KeyScripts {
+  oapiAddKey(byId: string, byHash: string, version: string, id: string, sha256: string, json: string): Promise<number>;
+  oapiRemoveKey(byId: string, byHash: string, version: string, id: string): Promise<number>;
+  oapiFindKey(byId: string, byHash: string, sha256: string): Promise<[string, string] | null>;
+}
+
 export class RedisIssuedKeyStore implements IssuedKeyStore {
-  readonly #client: RedisClient;
-  readonly #hash: string;
+  readonly #client: RedisClient & KeyScripts;
+  readonly #byId: string;
+  readonly #byHash: string;
   readonly #versionKey: string;
 
   constructor(client: RedisClient, prefix: string) {
-    this.#client = client;
-    // One hash tag, so both keys sit in one Cluster slot and change in one transaction.
-    this.#hash = `${prefix}{keys}`;
+    client.defineCommand('oapiAddKey', { numberOfKeys: 3, lua: ADD_SCRIPT });
+    client.defineCommand('oapiRemoveKey', { numberOfKeys: 3, lua: REMOVE_SCRIPT });
+    client.defineCommand('oapiFindKey', { numberOfKeys: 2, lua: FIND_SCRIPT });
+    this.#client = client as RedisClient & KeyScripts;
+    // One hash tag, so the three keys sit in one Cluster slot and change in one script.
+    this.#byId = `${prefix}{keys}`;
+    this.#byHash = `${prefix}{keys}:by-hash`;
     this.#versionKey = `${prefix}{keys}:version`;
   }
 
   async all(): Promise<KeyRecord[]> {
-    const entries = await this.#client.hgetall(this.#hash).catch(rethrow);
+    const entries = await this.#client.hgetall(this.#byId).catch(rethrow);
     const records: KeyRecord[] = [];
     for (const [id, json] of Object.entries(entries)) {
-      try {
-        const stored = JSON.parse(json) as { sha256: string; plan?: string; createdAt?: string };
-        records.push({ id, sha256: stored.sha256, plan: stored.plan, source: 'admin', ...(stored.createdAt ? { createdAt: stored.createdAt } : {}) });
-      } catch {
-        // a damaged entry is skipped rather than taking every key down
-      }
+      const record = parseRecord(id, json);
+      if (record) records.push(record);
     }
     return records;
   }
 
+  async find(keyHash: string): Promise<KeyRecord | undefined> {
+    const found = await this.#client.oapiFindKey(this.#byId, this.#byHash, keyHash).catch(rethrow);
+    return found ? parseRecord(found[0], found[1]) : undefined;
+  }
+
   async add(record: KeyRecord): Promise<boolean> {
-    const value = JSON.stringify({ sha256: record.sha256, plan: record.plan, createdAt: record.createdAt });
-    const replies = await this.#client.multi().hsetnx(this.#hash, record.id, value).incr(this.#versionKey).exec().catch(rethrow);
-    return replies?.[0]?.[1] === 1;
+    const json = JSON.stringify({ sha256: record.sha256, plan: record.plan, createdAt: record.createdAt });
+    return (await this.#client.oapiAddKey(this.#byId, this.#byHash, this.#versionKey, record.id, record.sha256, json).catch(rethrow)) === 1;
   }
 
   async remove(id: string): Promise<boolean> {
-    const replies = await this.#client.multi().hdel(this.#hash, id).incr(this.#versionKey).exec().catch(rethrow);
-    return replies?.[0]?.[1] === 1;
+    return (await this.#client.oapiRemoveKey(this.#byId, this.#byHash, this.#versionKey, id).catch(rethrow)) === 1;
   }
 
   async version(): Promise<string> {
     return (await this.#client.get(this.#versionKey).catch(rethrow)) ?? '0';
+  }
+}
+
+function parseRecord(id: string, json: string): KeyRecord | undefined {
+  try {
+    const stored = JSON.parse(json) as { sha256: string; plan?: string; createdAt?: string };
+    return { id, sha256: stored.sha256, plan: stored.plan, source: 'admin', ...(stored.createdAt ? { createdAt: stored.createdAt } : {}) };
+  } catch {
+    return undefined; // a damaged entry is skipped rather than taking every key down
   }
 }
 
@@ -103,6 +152,7 @@ export class KeyRegistry {
   #version: string | undefined;
   #poller: NodeJS.Timeout | undefined;
   #refreshing: Promise<void> | undefined;
+  readonly #resolving = new Map<string, Promise<KeyRecord | undefined>>();
   readonly #onError: (err: unknown) => void;
 
   constructor(store: IssuedKeyStore, onError: (err: unknown) => void = () => {}) {
@@ -110,9 +160,35 @@ export class KeyRegistry {
     this.#onError = onError;
   }
 
-  /** The key with this SHA-256 hex, if issued. Synchronous: the request path never waits on it. */
+  /** The key with this SHA-256 hex, if issued and known here. Synchronous: the request path does not wait on it. */
   lookup(keyHash: string): KeyRecord | undefined {
     return this.#fileKeys.get(keyHash) ?? this.#issued.get(keyHash);
+  }
+
+  /**
+   * A key this instance does not know yet may have been issued on another one a moment ago:
+   * asks the store (one round trip; only unknown keys ever get here, and the invalid-key guard
+   * throttles addresses that keep sending them). Concurrent asks for one hash share one call.
+   */
+  resolve(keyHash: string): Promise<KeyRecord | undefined> {
+    const known = this.lookup(keyHash);
+    if (known) return Promise.resolve(known);
+    let pending = this.#resolving.get(keyHash);
+    if (!pending) {
+      pending = this.#store
+        .find(keyHash)
+        .then((record) => {
+          if (record) this.#issued.set(record.sha256, record);
+          return record;
+        })
+        .catch((err: unknown) => {
+          this.#onError(err);
+          return undefined;
+        })
+        .finally(() => this.#resolving.delete(keyHash));
+      this.#resolving.set(keyHash, pending);
+    }
+    return pending;
   }
 
   list(): KeyRecord[] {

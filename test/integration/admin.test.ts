@@ -50,7 +50,8 @@ describe('health and readiness', () => {
 
 describe('/admin/* authentication', () => {
   it('answers 401 in two-field JSON without a token or with a wrong one', async () => {
-    for (const headers of [{}, { Authorization: 'Bearer wrong-token-0123456789' }, { Authorization: `Basic ${ADMIN_TOKEN}` }]) {
+    const attempts: Array<Record<string, string>> = [{}, { Authorization: 'Bearer wrong-token-0123456789' }, { Authorization: `Basic ${ADMIN_TOKEN}` }];
+    for (const headers of attempts) {
       const reply = await admin('/admin/limits', { headers });
       expect(reply.status).toBe(401);
       expect(expectTwoFields(reply).error).toBe('Unauthorized');

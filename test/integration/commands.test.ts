@@ -99,6 +99,23 @@ describe('npx oapi-gateway', () => {
     );
   });
 
+  it('check validates the key file against the plans of the table', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'oapi-check-'));
+    const keys = join(dir, 'api-keys.yaml');
+    writeFileSync(keys, `keys:\n  - id: acme\n    sha256: ${'a'.repeat(64)}\n    plan: premium\n`);
+    const ok = await run(BIN, ['check', 'limits.yaml', '--keys', keys], { cwd: ROOT });
+    expect(ok.stdout).toContain(`${keys}: 1 key, valid`);
+    writeFileSync(keys, `keys:\n  - id: acme\n    sha256: ${'a'.repeat(64)}\n    plan: gold\n  - id: acme\n    sha256: xyz\n`);
+    const error = await run(BIN, ['check', 'limits.yaml', '--keys', keys], { cwd: ROOT }).catch((e: { code: number; stderr: string }) => e);
+    expect((error as { code: number }).code).toBe(1);
+    expect((error as { stderr: string }).stderr).toBe(
+      `${keys}:4:11: row 1 (acme): unknown plan "gold" (plans of limits.yaml: premium, market-maker)\n` +
+        `${keys}:5:9: row 2 (acme): id "acme" is already used by entry 1\n` +
+        `${keys}:6:13: row 2 (acme): sha256 must be 64 hex digits (npx oapi-gateway keys hash KEY prints it), got "xyz"\n` +
+        `${keys}: 3 errors; not valid\n`,
+    );
+  });
+
   it('keys hash prints the line for the key file', async () => {
     const { stdout } = await run(BIN, ['keys', 'hash', 'foo'], { cwd: ROOT });
     expect(stdout).toBe('    sha256: 2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae\n');

@@ -90,7 +90,7 @@ describe.each(['SIGTERM', 'SIGINT'] as const)('%s', (signal) => {
   it('stops accepting, lets requests in flight finish, closes Redis and exits 0', async () => {
     const gw = await startProcess();
     const redis = redisClient();
-    const ownConnections = async (): Promise<number> => (await redis.client('LIST')).split('\n').filter((l) => l.includes(` name=oapi-gateway:${gw.child.pid} `)).length;
+    const ownConnections = async (): Promise<number> => String(await redis.client('LIST')).split('\n').filter((l: string) => l.includes(` name=oapi-gateway:${gw.child.pid} `)).length;
     expect(await ownConnections()).toBeGreaterThanOrEqual(2); // counters and the event channel
     const inFlight = send(gw.url, { path: '/orders/1?delay=700', headers: { 'X-API-Key': 'drain' }, agent: false });
     await new Promise((r) => setTimeout(r, 200));

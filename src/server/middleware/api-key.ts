@@ -53,7 +53,7 @@ export function apiKeyAuth(options: ApiKeyOptions): MiddlewareHandler<GatewayEnv
     if (!key) return refuse(c, address, 'Missing API key');
     if (key.length > MAX_API_KEY_LENGTH) return refuse(c, address, 'Invalid API key');
     const keyHash = sha256Hex(key);
-    const issued = registry.lookup(keyHash);
+    const issued = registry.lookup(keyHash) ?? (mode === 'registered' ? await registry.resolve(keyHash) : undefined);
     if (!issued && mode === 'registered') return refuse(c, address, 'Invalid API key');
     c.set('client', { keyHash, keyId: issued?.id, plan: issued?.plan });
     await next();

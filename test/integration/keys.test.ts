@@ -1,0 +1,273 @@
+import { createHash } from 'node:crypto';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { startSandboxBridge, type SandboxBridge } from '../../src/sandbox/bridge.js';
+import { authHeader, startTestGateway, type TestGateway } from '../helpers/gateway.js';
+import { expectTwoFields, send } from '../helpers/http.js';
+import { redisClient, startRedisServer, uniquePrefix, type RedisProcess } from '../helpers/redis.js';
+
+/** API keys and plans (INTERFACE §10) over real sockets. */
+
+const LIMITS = `
+timezone: UTC
+limits:
+  - { name: Order Status, route: "GET /orders/{id}", per_hour: 4, per_day: 10 }
+  - { name: Latest Quote, route: "GET /marketdata/quote/{symbol}", per_hour: 3, per_day: 6 }
+plans:
+  premium: { scale: 5 }
+  market-maker:
+    rows:
+      GET /marketdata/quote/{symbol}: { per_hour: 100, per_day: 200 }
+`;
+
+const sha = (key: string): string => createHash('sha256').update(key).digest('hex');
+const FILE_KEY = 'file-key-for-tests-0123456789';
+const FILE_PREMIUM_KEY = 'file-premium-key-0123456789';
+const keyFile = (extra = ''): string => `keys:
+  - id: file-basic
+    sha256: ${sha(FILE_KEY)}
+  - id: file-premium
+    sha256: ${sha(FILE_PREMIUM_KEY)}
+    plan: premium
+${extra}`;
+
+const call = (gw: TestGateway, key: string | undefined, path = '/orders/1', headers: Record<string, string> = {}) =>
+  send(gw.url, { path, headers: key === undefined ? headers : { 'X-API-Key': key, ...headers } });
+const issue = async (gw: TestGateway, id: string, plan?: string) => {
+  const reply = await send(gw.adminUrl, { method: 'POST', path: '/admin/keys', headers: { ...authHeader(), 'Content-Type': 'application/json' }, body: JSON.stringify({ id, ...(plan ? { plan } : {}) }) });
+  return reply;
+};
+
+describe('registered keys, shared by two instances', () => {
+  let eqt: SandboxBridge;
+  let fno: SandboxBridge;
+  let a: TestGateway;
+  let b: TestGateway;
+  let dir: string;
+
+  beforeAll(async () => {
+    eqt = await startSandboxBridge('eqt');
+    fno = await startSandboxBridge('fno');
+    const prefix = uniquePrefix('keys');
+    dir = mkdtempSync(join(tmpdir(), 'oapi-keys-'));
+    writeFileSync(join(dir, 'api-keys.yaml'), keyFile());
+    // Many deliberate 401s come from one address here; the guard has a test of its own below.
+    const env = { API_KEY_MODE: 'registered', API_KEYS_FILE: join(dir, 'api-keys.yaml'), INVALID_KEY_MAX_ATTEMPTS: '10000' };
+    a = await startTestGateway({ limits: LIMITS, prefix, bridges: { eqt, fno }, env, dir });
+    b = await startTestGateway({ limits: LIMITS, prefix, bridges: { eqt, fno }, env, dir });
+  });
+  afterAll(async () => {
+    await Promise.all([a.stop(), b.stop()]);
+    await Promise.all([eqt.close(), fno.close()]);
+    rmSync(dir, { recursive: true, force: true });
+  });
+
+  it('refuses a key that was never issued with the 401 of §10, before counting or forwarding', async () => {
+    const before = eqt.requests.length;
+    const reply = await call(a, 'made-up-key');
+    expect(reply.status).toBe(401);
+    expect(reply.text).toBe('{"error":"Unauthorized","message":"Invalid API key"}');
+    expect(reply.headers['x-ratelimit-limit-hour']).toBeUndefined();
+    expect(eqt.requests.length).toBe(before);
+    const usage = await send(a.adminUrl, { path: '/admin/usage/made-up-key', headers: authHeader() });
+    expect(usage.json<{ endpoints: Array<{ hour: { used: number } }> }>().endpoints[0]?.hour.used).toBe(0);
+  });
+
+  it('admits the keys of the key file, with their plans', async () => {
+    const basic = await call(a, FILE_KEY);
+    expect(basic.status).toBe(200);
+    expect(basic.headers['x-ratelimit-limit-hour']).toBe('4');
+    const premium = await call(b, FILE_PREMIUM_KEY);
+    expect(premium.status).toBe(200);
+    expect(premium.headers['x-ratelimit-limit-hour']).toBe('20');
+    expect(premium.headers['x-ratelimit-limit-day']).toBe('50');
+    expect(premium.headers['ratelimit-policy']).toBe('"hour";q=20;w=3600, "day";q=50;w=86400');
+  });
+
+  it('issues a key through the admin API, shown once, usable on every instance at once', async () => {
+    const reply = await issue(a, 'acme-prod', 'market-maker');
+    expect(reply.status).toBe(201);
+    const body = reply.json<{ id: string; key: string; plan: string }>();
+    expect(body.id).toBe('acme-prod');
+    expect(body.plan).toBe('market-maker');
+    expect(body.key).toMatch(/^oapi_[A-Za-z0-9_-]{43}$/);
+    const onB = await call(b, body.key, '/marketdata/quote/VNM');
+    expect(onB.status).toBe(200);
+    expect(onB.headers['x-ratelimit-limit-hour']).toBe('100');
+    expect((await call(b, body.key, '/orders/1')).headers['x-ratelimit-limit-hour']).toBe('4');
+    // Only a hash is kept, in Redis.
+    const redis = redisClient();
+    const stored = await redis.hget(`${a.prefix}{keys}`, 'acme-prod');
+    expect(await redis.hget(`${a.prefix}{keys}:by-hash`, sha(body.key))).toBe('acme-prod');
+    redis.disconnect();
+    expect(stored).not.toContain(body.key);
+    expect(JSON.parse(stored ?? '{}').sha256).toBe(sha(body.key));
+    expect(a.logText() + b.logText()).not.toContain(body.key);
+  });
+
+  it('refuses a taken id, a bad id and an unknown plan', async () => {
+    expect((await issue(a, 'file-basic')).status).toBe(409);
+    expect((await issue(a, 'acme-prod')).status).toBe(409);
+    const bad = await issue(a, 'no spaces please');
+    expect(bad.status).toBe(400);
+    expectTwoFields(bad);
+    const plan = await issue(a, 'new-one', 'platinum');
+    expect(plan.status).toBe(400);
+    expect(expectTwoFields(plan).message).toBe('Unknown plan; plans of the table: premium, market-maker');
+  });
+
+  it('lists ids, plans and sources, never a key or a hash', async () => {
+    const reply = await send(a.adminUrl, { path: '/admin/keys', headers: authHeader() });
+    expect(reply.status).toBe(200);
+    const { keys } = reply.json<{ keys: Array<Record<string, unknown>> }>();
+    expect(keys.find((k) => k.id === 'file-premium')).toEqual({ id: 'file-premium', plan: 'premium', source: 'key-file' });
+    expect(keys.find((k) => k.id === 'acme-prod')).toMatchObject({ id: 'acme-prod', plan: 'market-maker', source: 'admin-api' });
+    expect(reply.text).not.toContain(sha(FILE_KEY));
+    expect(reply.text).not.toContain('oapi_');
+  });
+
+  it('revokes at once on every instance: the next request on the other one gets 401', async () => {
+    const { key } = (await issue(a, `short-lived-${Date.now()}`)).json<{ key: string; id: string }>();
+    const id = (await send(a.adminUrl, { path: '/admin/keys', headers: authHeader() })).json<{ keys: Array<{ id: string }> }>().keys.find((k) => k.id.startsWith('short-lived-'))!.id;
+    expect((await call(b, key)).status).toBe(200);
+    const revokedAt = Date.now();
+    expect((await send(a.adminUrl, { method: 'DELETE', path: `/admin/keys/${id}`, headers: authHeader() })).status).toBe(204);
+    // Until the revocation lands, the key is valid (200, or 429 once the row is spent).
+    let status = 200;
+    while (status !== 401 && Date.now() - revokedAt < 2000) {
+      status = (await call(b, key)).status;
+      if (status !== 401) await new Promise((r) => setTimeout(r, 10));
+    }
+    expect(status).toBe(401);
+    expect(Date.now() - revokedAt).toBeLessThan(1000);
+    expect((await send(a.adminUrl, { method: 'DELETE', path: `/admin/keys/${id}`, headers: authHeader() })).status).toBe(404);
+    expect((await send(a.adminUrl, { method: 'DELETE', path: '/admin/keys/file-basic', headers: authHeader() })).status).toBe(409);
+  });
+
+  it('notices a revocation within a second even when the announcement is lost', async () => {
+    const { key } = (await issue(a, 'silent-revoke')).json<{ key: string }>();
+    expect((await call(b, key)).status).toBe(200);
+    // Remove the key the way another instance would, but without publishing the change.
+    const redis = redisClient();
+    const stored = JSON.parse((await redis.hget(`${a.prefix}{keys}`, 'silent-revoke')) ?? '{}') as { sha256: string };
+    await redis.multi().hdel(`${a.prefix}{keys}`, 'silent-revoke').hdel(`${a.prefix}{keys}:by-hash`, stored.sha256).incr(`${a.prefix}{keys}:version`).exec();
+    redis.disconnect();
+    const removedAt = Date.now();
+    let status = 200;
+    while (status !== 401 && Date.now() - removedAt < 2000) {
+      status = (await call(b, key)).status;
+      if (status !== 401) await new Promise((r) => setTimeout(r, 20));
+    }
+    expect(status).toBe(401);
+    expect(Date.now() - removedAt).toBeLessThan(1000);
+  });
+
+  it('shows the plan numbers in /admin/usage and refuses at the plan limit', async () => {
+    const usedBefore = (await send(a.adminUrl, { path: `/admin/usage/${FILE_PREMIUM_KEY}`, headers: authHeader() })).json<{ endpoints: Array<{ hour: { used: number } }> }>().endpoints[0]!.hour.used;
+    for (let i = usedBefore; i < 20; i++) expect((await call(a, FILE_PREMIUM_KEY, `/orders/${i}`)).status).toBe(200);
+    const refused = await call(a, FILE_PREMIUM_KEY, '/orders/x');
+    expect(refused.status).toBe(429);
+    expect(refused.headers['x-ratelimit-limit-hour']).toBe('20');
+    const usage = await send(a.adminUrl, { path: `/admin/usage/${FILE_PREMIUM_KEY}`, headers: authHeader() });
+    expect(usage.json<{ endpoints: Array<{ hour: unknown; day: unknown }> }>().endpoints[0]).toMatchObject({ hour: { limit: 20, used: 20, remaining: 0 }, day: { limit: 50 } });
+  });
+
+  it('reloads the key file on change, refusing a bad one and keeping the keys in force', async () => {
+    const added = 'added-later-key-0123456789';
+    writeFileSync(join(dir, 'api-keys.yaml'), keyFile(`  - id: added-later\n    sha256: ${sha(added)}\n`));
+    let status = 401;
+    const deadline = Date.now() + 5000;
+    while (status !== 200 && Date.now() < deadline) {
+      status = (await call(a, added)).status;
+      if (status !== 200) await new Promise((r) => setTimeout(r, 50));
+    }
+    expect(status).toBe(200);
+    writeFileSync(join(dir, 'api-keys.yaml'), 'keys:\n  - id: broken\n    sha256: not-a-hash\n');
+    await new Promise((r) => setTimeout(r, 800));
+    expect((await call(a, added)).status).toBe(200);
+    expect((await call(a, FILE_KEY)).status).not.toBe(401);
+    expect(a.logs.some((l) => l.msg === 'key file refused; the keys in force stay')).toBe(true);
+    writeFileSync(join(dir, 'api-keys.yaml'), keyFile());
+  });
+});
+
+describe('API_KEY_MODE=any', () => {
+  it('lets every non-empty key be its own bucket, and still applies an issued key its plan', async () => {
+    const gw = await startTestGateway({ limits: LIMITS, env: { API_KEY_MODE: 'any' } });
+    try {
+      expect((await call(gw, `anything-${Date.now()}`)).status).toBe(200);
+      expect((await call(gw, '')).status).toBe(401);
+      const { key } = (await issue(gw, 'planned', 'premium')).json<{ key: string }>();
+      expect((await call(gw, key)).headers['x-ratelimit-limit-hour']).toBe('20');
+    } finally {
+      await gw.stop();
+    }
+  });
+});
+
+describe('keys without Redis', () => {
+  it('are issued and revoked in the process', async () => {
+    const gw = await startTestGateway({ limits: LIMITS, redis: false, env: { API_KEY_MODE: 'registered' } });
+    try {
+      const { key } = (await issue(gw, 'local')).json<{ key: string }>();
+      expect((await call(gw, key)).status).toBe(200);
+      expect((await send(gw.adminUrl, { method: 'DELETE', path: '/admin/keys/local', headers: authHeader() })).status).toBe(204);
+      expect((await call(gw, key)).status).toBe(401);
+    } finally {
+      await gw.stop();
+    }
+  });
+});
+
+describe('a client guessing keys', () => {
+  let gw: TestGateway;
+  let redis: RedisProcess;
+  beforeAll(async () => {
+    redis = await startRedisServer();
+    gw = await startTestGateway({
+      limits: LIMITS,
+      redis: redis.url,
+      env: { API_KEY_MODE: 'registered', INVALID_KEY_MAX_ATTEMPTS: '5', INVALID_KEY_WINDOW_SECONDS: '60', TRUST_PROXY_HOPS: '1' },
+    });
+  });
+  afterAll(async () => {
+    await gw.stop();
+    await redis.stop();
+  });
+
+  it('is refused with 429 after the allowed attempts, while other addresses are served', async () => {
+    const guesser = { 'X-Forwarded-For': '198.51.100.7' };
+    const statuses: number[] = [];
+    for (let i = 0; i < 8; i++) statuses.push((await call(gw, `guess-${i}`, '/orders/1', guesser)).status);
+    expect(statuses).toEqual([401, 401, 401, 401, 401, 429, 429, 429]);
+    const throttled = await call(gw, undefined, '/orders/1', guesser);
+    expect(throttled.status).toBe(429);
+    expect(throttled.text).toBe('{"error":"Rate Limit Exceeded","message":"Too Many Requests"}');
+    expect(Number(throttled.headers['retry-after'])).toBeGreaterThan(50);
+    expect(Number(throttled.headers['retry-after'])).toBeLessThanOrEqual(60);
+    // A different client address is not affected.
+    expect((await call(gw, 'guess-other', '/orders/1', { 'X-Forwarded-For': '198.51.100.8' })).status).toBe(401);
+    const metrics = (await send(gw.adminUrl, { path: '/metrics' })).text;
+    expect(metrics).toMatch(/^oapi_gateway_invalid_keys_total\{outcome="throttled"\} [1-9]\d*$/m);
+  });
+
+  it('costs no Redis round trip per request for a known key in the steady state', async () => {
+    // A plan with room for every request: a spent key would be refused from memory, with no Redis call at all.
+    const { key } = (await issue(gw, 'steady', 'market-maker')).json<{ key: string }>();
+    await call(gw, key);
+    const admin = redisClient(redis.url);
+    await admin.config('RESETSTAT');
+    const started = Date.now();
+    for (let i = 0; i < 40; i++) expect((await call(gw, key, `/marketdata/quote/S${i % 2}`, { 'X-Forwarded-For': '198.51.100.20' })).status).toBeLessThan(500);
+    const elapsed = Date.now() - started;
+    const stats = await admin.info('commandstats');
+    admin.disconnect();
+    const calls = (name: string): number => Number(new RegExp(`cmdstat_${name}:calls=(\\d+)`).exec(stats)?.[1] ?? 0);
+    expect(calls('evalsha') + calls('eval')).toBe(40);
+    expect(calls('hgetall') + calls('hget')).toBe(0);
+    // The only other traffic is the issued-keys version check, twice a second.
+    expect(calls('get')).toBeLessThanOrEqual(Math.ceil(elapsed / 500) + 1);
+  });
+});

@@ -1,0 +1,204 @@
+import { createHash } from 'node:crypto';
+import http from 'node:http';
+import calculateSlot from 'cluster-key-slot';
+import { Cluster, Redis } from 'ioredis';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createRedisClient, type RedisClient } from '../../src/redis/connection.js';
+import { RedisCounterStore } from '../../src/redis/counter-store.js';
+import { startSandboxBridge, type SandboxBridge } from '../../src/sandbox/bridge.js';
+import { authHeader, startTestGateway, type TestGateway } from '../helpers/gateway.js';
+import { send } from '../helpers/http.js';
+import { startRedisCluster, type RedisCluster } from '../helpers/redis-cluster.js';
+import { uniquePrefix } from '../helpers/redis.js';
+import { describeCounterStore } from '../helpers/store-contract.js';
+
+/**
+ * REDIS_CLUSTER_NODES: the counters on a Redis Cluster of three masters of the file's own
+ * (loopback ports, stopped by PID). The store contract holds there, and limits stay exact for
+ * keys whose counters sit in different slots on different masters.
+ */
+
+let cluster: RedisCluster;
+let client: RedisClient;
+const storePrefix = uniquePrefix('cluster-store');
+
+beforeAll(async () => {
+  cluster = await startRedisCluster();
+  client = createRedisClient({ clusterNodes: cluster.ports.map((port) => ({ host: '127.0.0.1', port })), commandTimeoutMs: 1000 });
+  client.on('error', () => {});
+  await client.connect();
+}, 30_000);
+
+afterAll(async () => {
+  await client?.quit().catch(() => client.disconnect());
+  await cluster?.stop();
+});
+
+describeCounterStore('RedisCounterStore on a Redis Cluster', () => new RedisCounterStore(client, storePrefix));
+
+const LIMITS = `
+timezone: UTC
+limits:
+  - { name: Order List, route: "GET /orders", per_hour: 20, per_day: 30 }
+`;
+
+const sha256Hex = (s: string): string => createHash('sha256').update(s).digest('hex');
+
+/** Slot ranges to the port of the master serving them (CLUSTER SLOTS). */
+async function slotOwners(node: Redis): Promise<Array<{ start: number; end: number; port: number }>> {
+  const reply = await node.cluster('SLOTS');
+  return reply.map(([start, end, master]) => {
+    if (!master) throw new Error(`slots ${start}-${end} have no master`);
+    return { start, end, port: Number(master[1]) };
+  });
+}
+
+describe('two gateway instances on a Redis Cluster (REDIS_CLUSTER_NODES)', () => {
+  let eqt: SandboxBridge;
+  let fno: SandboxBridge;
+  let a: TestGateway;
+  let b: TestGateway;
+  let nodes: Map<number, Redis>;
+  let spentKeys: string[] = [];
+
+  beforeAll(async () => {
+    eqt = await startSandboxBridge('eqt');
+    fno = await startSandboxBridge('fno');
+    const prefix = uniquePrefix('cluster-gw');
+    // REDIS_URL is left unset (redis: false); failures would answer 503 rather than count in memory.
+    const env = { REDIS_CLUSTER_NODES: cluster.nodes, REDIS_FAILURE_MODE: 'closed', REDIS_TIMEOUT_MS: '1000', LOG_LEVEL: 'warn' };
+    a = await startTestGateway({ limits: LIMITS, prefix, bridges: { eqt, fno }, redis: false, env });
+    b = await startTestGateway({ limits: LIMITS, prefix, bridges: { eqt, fno }, redis: false, env });
+    nodes = new Map(cluster.ports.map((port) => [port, new Redis({ host: '127.0.0.1', port, maxRetriesPerRequest: 1 })]));
+  }, 30_000);
+
+  afterAll(async () => {
+    for (const node of nodes?.values() ?? []) node.disconnect();
+    await Promise.all([a?.stop(), b?.stop()]);
+    await Promise.all([eqt?.close(), fno?.close()]);
+  });
+
+  it('count in the cluster, and report ready', async () => {
+    for (const gw of [a, b]) {
+      expect(gw.gateway.redis).toBeInstanceOf(Cluster);
+      const ready = await send(gw.adminUrl, { path: '/readyz' });
+      expect(ready.json()).toEqual({ status: 'ok' });
+    }
+  });
+
+  it('admit exactly the limit for keys whose counters sit on every master, under concurrent requests through both instances', async () => {
+    const row = a.gateway.tables.current()?.rows[0];
+    expect(row?.route.text).toBe('GET /orders');
+    const counterId = row!.counterId;
+    const counterKey = (apiKey: string): string => `${a.prefix}c:{${sha256Hex(apiKey)}}:${counterId}`;
+
+    // Two keys per master, each in a slot of its own.
+    const owners = await slotOwners(nodes.get(cluster.ports[0]!)!);
+    const ownerOf = (slot: number): number => owners.find((o) => slot >= o.start && slot <= o.end)!.port;
+    expect(new Set(owners.map((o) => o.port)).size).toBe(3);
+    const run = Date.now().toString(36);
+    const chosen: Array<{ apiKey: string; slot: number; port: number }> = [];
+    const perNode = new Map<number, number>();
+    for (let i = 0; i < 1000 && chosen.length < 6; i++) {
+      const apiKey = `cluster-${run}-${i}`;
+      const slot = calculateSlot(counterKey(apiKey));
+      const port = ownerOf(slot);
+      if ((perNode.get(port) ?? 0) >= 2 || chosen.some((c) => c.slot === slot)) continue;
+      perNode.set(port, (perNode.get(port) ?? 0) + 1);
+      chosen.push({ apiKey, slot, port });
+    }
+    expect(chosen).toHaveLength(6);
+    expect(new Set(chosen.map((c) => c.port))).toEqual(new Set(cluster.ports));
+
+    const agent = new http.Agent({ keepAlive: true, maxSockets: 100 });
+    const replies = await Promise.all(
+      chosen.flatMap(({ apiKey }, k) =>
+        Array.from({ length: 60 }, (_, i) =>
+          send((i + k) % 2 ? a.url : b.url, { path: '/orders', headers: { 'X-API-Key': apiKey }, agent }).then((r) => ({ apiKey, reply: r })),
+        ),
+      ),
+    );
+    agent.destroy();
+
+    const problems = [...a.logs, ...b.logs].filter((l) => Number(l.level) >= 40);
+    for (const { apiKey } of chosen) {
+      const mine = replies.filter((r) => r.apiKey === apiKey).map((r) => r.reply);
+      const statuses = mine.map((r) => r.status);
+      expect(statuses.filter((s) => s === 200), `${apiKey}: ${JSON.stringify(statuses)} ${JSON.stringify(problems)}`).toHaveLength(20);
+      expect(statuses.filter((s) => s === 429)).toHaveLength(40);
+      // Every admitted request saw its own count.
+      const remaining = mine.filter((r) => r.status === 200).map((r) => Number(r.headers['x-ratelimit-remaining-hour'])).sort((x, y) => x - y);
+      expect(remaining).toEqual(Array.from({ length: 20 }, (_, i) => i));
+    }
+
+    for (const { apiKey } of chosen) {
+      for (const gw of [a, b]) {
+        const usage = await send(gw.adminUrl, { path: `/admin/usage/${apiKey}`, headers: authHeader() });
+        expect(usage.status).toBe(200);
+        expect(usage.json<{ endpoints: unknown[] }>().endpoints[0]).toMatchObject({ route: 'GET /orders', hour: { used: 20 }, day: { used: 20 } });
+      }
+    }
+
+    // The counters really live on different masters: each in its slot, on its owner only.
+    for (const { apiKey, slot, port } of chosen) {
+      const key = counterKey(apiKey);
+      const owner = nodes.get(port)!;
+      expect(await owner.cluster('KEYSLOT', key)).toBe(slot);
+      expect(await owner.exists(key)).toBe(1);
+      expect(await owner.hmget(key, 'hc', 'dc')).toEqual(['20', '20']);
+      for (const [otherPort, other] of nodes) {
+        expect(await other.cluster('COUNTKEYSINSLOT', slot), `slot ${slot} on ${otherPort}`).toBe(otherPort === port ? 1 : 0);
+      }
+    }
+    expect(problems).toEqual([]);
+    spentKeys = chosen.map((c) => c.apiKey);
+  });
+
+  it('reset a key through one instance, and the other admits it again at once (pub/sub on the cluster)', async () => {
+    expect(spentKeys).toHaveLength(6);
+    for (const apiKey of spentKeys.slice(0, 3)) {
+      // Both instances remember the refusal.
+      expect((await send(a.url, { path: '/orders', headers: { 'X-API-Key': apiKey } })).status).toBe(429);
+      expect((await send(b.url, { path: '/orders', headers: { 'X-API-Key': apiKey } })).status).toBe(429);
+      const reset = await send(a.adminUrl, { method: 'DELETE', path: `/admin/usage/${apiKey}`, headers: authHeader() });
+      expect(reset.status).toBe(204);
+      // The event reaches b asynchronously; a refusal from b's memory consumes nothing, so retrying is harmless.
+      let status = 0;
+      const deadline = Date.now() + 3000;
+      for (let i = 0; i < 60 && Date.now() < deadline; i++) {
+        status = (await send(b.url, { path: '/orders', headers: { 'X-API-Key': apiKey } })).status;
+        if (status === 200) break;
+        await new Promise((r) => setTimeout(r, 50));
+      }
+      expect(status, `${apiKey} after a reset through the other instance`).toBe(200);
+      const usage = await send(a.adminUrl, { path: `/admin/usage/${apiKey}`, headers: authHeader() });
+      expect(usage.json<{ endpoints: unknown[] }>().endpoints[0]).toMatchObject({ hour: { used: 1 }, day: { used: 1 } });
+    }
+  });
+
+  it('issue a key through one instance (MULTI in one slot), and the other knows it at once', async () => {
+    const id = `cluster-issued-${Date.now()}`;
+    const created = await send(a.adminUrl, { method: 'POST', path: '/admin/keys', headers: { ...authHeader(), 'Content-Type': 'application/json' }, body: JSON.stringify({ id }) });
+    expect(created.status, created.text).toBe(201);
+    let listed = false;
+    const deadline = Date.now() + 3000;
+    for (let i = 0; i < 60 && Date.now() < deadline && !listed; i++) {
+      const keys = await send(b.adminUrl, { path: '/admin/keys', headers: authHeader() });
+      listed = keys.json<{ keys: Array<{ id: string }> }>().keys.some((k) => k.id === id);
+      if (!listed) await new Promise((r) => setTimeout(r, 50));
+    }
+    expect(listed).toBe(true);
+    expect((await send(b.adminUrl, { method: 'DELETE', path: `/admin/keys/${id}`, headers: authHeader() })).status).toBe(204);
+  });
+
+  // Last: it blocks 127.0.0.1 on both instances.
+  it('share the invalid-key guard between instances through the cluster', async () => {
+    for (let i = 0; i < 20; i++) {
+      const reply = await send(i % 2 ? a.url : b.url, { path: '/orders' });
+      expect(reply.status, `missing key #${i + 1}`).toBe(401);
+    }
+    // 20 attempts in all, 10 on each instance: only a shared count blocks now.
+    expect((await send(a.url, { path: '/orders' })).status).toBe(429);
+    expect((await send(b.url, { path: '/orders', headers: { 'X-API-Key': spentKeys[5]! } })).status).toBe(429);
+  });
+});
