@@ -66,6 +66,8 @@ async function runPrimary(settings: Settings): Promise<void> {
 
 async function runWorker(settings: Settings): Promise<void> {
   const worker = await startGateway({ settings, admin: false });
+  // Constructing one installs prom-client's listener that answers the primary's metric requests.
+  new AggregatorRegistry();
   AggregatorRegistry.setRegistries([worker.metrics.registry]);
   process.on('message', (message: ClusterMessage) => {
     if (message?.type === 'oapi:reload') void worker.reload('signal');

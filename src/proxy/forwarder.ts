@@ -48,6 +48,8 @@ export interface UpgradeRequest {
   readonly target: string;
   readonly requestId: string;
   readonly clientAddress: string;
+  /** Added to the 101 and to a 502/504 the forwarder writes. */
+  readonly answerHeaders: HeaderList;
   /** Called when the bridge accepted the upgrade, as the two sockets are joined. */
   readonly onOpen: (client: Duplex, bridge: Socket) => void;
   readonly onDone: (status: number) => void;
@@ -69,6 +71,7 @@ interface UpgradeExchange {
   readonly request: UpgradeRequest;
   readonly timer: NodeJS.Timeout;
   settled: boolean;
+  proxyReq: ClientRequest | undefined;
 }
 
 const EXCHANGE = Symbol('oapi.exchange');
@@ -143,9 +146,18 @@ export class Forwarder {
     const exchange: UpgradeExchange = {
       request,
       settled: false,
+      proxyReq: undefined,
       timer: setTimeout(() => this.#upgradeFailed(exchange, 504, 'Bridge did not answer in time'), this.#timeoutMs),
     };
-    socket.once('close', () => clearTimeout(exchange.timer));
+    socket.once('close', () => {
+      clearTimeout(exchange.timer);
+      // The client left before the bridge answered: nothing is waiting for the bridge any more.
+      if (!exchange.settled) {
+        exchange.settled = true;
+        exchange.proxyReq?.destroy();
+        request.onDone(499);
+      }
+    });
     prepareRequestHeaders(incoming.headers, {
       clientAddress: request.clientAddress,
       proto: isEncrypted(incoming) ? 'https' : 'http',
@@ -211,7 +223,10 @@ export class Forwarder {
         proxyReqWs: (proxyReq, req) => {
           const upgrade = (req as Tagged)[UPGRADE];
           if (!upgrade) return;
-          proxyReq.once('upgrade', (_res, bridgeSocket: Socket) => {
+          upgrade.proxyReq = proxyReq;
+          proxyReq.once('upgrade', (res: IncomingMessage, bridgeSocket: Socket) => {
+            // http-proxy writes the 101 from res.headers right after this listener.
+            for (const [name, value] of upgrade.request.answerHeaders) res.headers[name.toLowerCase()] = value;
             upgrade.settled = true;
             clearTimeout(upgrade.timer);
             // http-proxy joins the sockets right after this listener, in the same tick: anyone
@@ -321,8 +336,9 @@ export class Forwarder {
     }
     exchange.settled = true;
     clearTimeout(exchange.timer);
+    exchange.proxyReq?.destroy();
     exchange.request.onDone(status);
-    if (socket.writable) socket.end(rawAnswer(status, message, [['X-Request-Id', exchange.request.requestId]]));
+    if (socket.writable) socket.end(rawAnswer(status, message, exchange.request.answerHeaders));
     else socket.destroy();
   }
 }

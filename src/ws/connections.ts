@@ -95,6 +95,8 @@ function stopBetweenFrames(from: Duplex, to: Duplex, frames: FrameBoundary, mask
   from.removeAllListeners('data');
   const close = (): void => {
     if (to.writable) to.end(closeFrame(GOING_AWAY, 'gateway shutting down', masked));
+    // Keep reading (and discarding) what the sender still has: its Close reply and its end, which release the connection.
+    from.resume();
   };
   if (frames.atBoundary) {
     close();

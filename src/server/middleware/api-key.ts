@@ -66,11 +66,10 @@ export function apiKeyFromQuery(target: string): string | undefined {
   return new URLSearchParams(target.slice(q + 1)).get('api_key') || undefined;
 }
 
-/** The query string without `api_key` (it is never forwarded). */
+/** The query string without `api_key` (it is never forwarded); the other parameters stay byte for byte. */
 export function withoutApiKey(query: string): string {
-  if (!query.includes('api_key')) return query;
-  const params = new URLSearchParams(query.slice(1));
-  params.delete('api_key');
-  const rest = params.toString();
-  return rest ? '?' + rest : '';
+  if (query.length <= 1) return query;
+  // Each part's name decoded as URLSearchParams decodes it, so that every spelling apiKeyFromQuery accepts is removed.
+  const kept = query.slice(1).split('&').filter((part) => new URLSearchParams(part).keys().next().value !== 'api_key');
+  return kept.length ? '?' + kept.join('&') : '';
 }

@@ -1,5 +1,6 @@
 import type { Context, Handler } from 'hono';
 import { RESPONSE_ALREADY_SENT } from '@hono/node-server/utils/response';
+import type { HeaderList } from '../../limits/headers.js';
 import type { Forwarder } from '../../proxy/forwarder.js';
 import type { WebSocketConnections } from '../../ws/connections.js';
 import { answer } from '../answers.js';
@@ -27,6 +28,8 @@ export function forward(options: ForwardOptions): Handler<GatewayEnv> {
     const endpoint = c.get('endpoint');
     const requestId = c.get('requestId');
     const upgrade = c.env.upgrade;
+    // Added to the bridge's answer (the 101 of an upgrade included) and to a 502/504 the forwarder writes.
+    const answerHeaders: HeaderList = [...(c.get('usageHeaders') ?? []), ['X-Request-Id', requestId]];
 
     if (upgrade) {
       const opened = await new Promise<number>((resolve) => {
@@ -38,6 +41,7 @@ export function forward(options: ForwardOptions): Handler<GatewayEnv> {
           target: endpoint.path + withoutApiKey(endpoint.query),
           requestId,
           clientAddress: clientAddress(c),
+          answerHeaders,
           onOpen: (client, bridge) => websockets.add(endpoint.row, client, bridge),
           onDone: resolve,
         });
@@ -55,7 +59,7 @@ export function forward(options: ForwardOptions): Handler<GatewayEnv> {
       maxBodyBytes,
       requestId,
       clientAddress: clientAddress(c),
-      answerHeaders: [...(c.get('usageHeaders') ?? []), ['X-Request-Id', requestId]],
+      answerHeaders,
     });
     c.set('forwarded', { status: result.status, upstreamMs: result.upstreamMs });
     return RESPONSE_ALREADY_SENT;

@@ -1,0 +1,164 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import http from 'node:http';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Redis } from 'ioredis';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { startSandboxBridge, type SandboxBridge } from '../../src/sandbox/bridge.js';
+import { ADMIN_TOKEN, authHeader, startTestGateway, type TestGateway } from '../helpers/gateway.js';
+import { send } from '../helpers/http.js';
+import { freePort, startRedisServer, uniquePrefix, type RedisProcess } from '../helpers/redis.js';
+
+/** What one request costs Redis, and several processes on one host. */
+
+const LIMITS = `
+timezone: UTC
+limits:
+  - { name: Order List, route: "GET /orders", per_hour: 5, per_day: 50 }
+  - { name: Order Status, route: "GET /orders/{id}", per_hour: 100000, per_day: 100000 }
+`;
+
+let redis: RedisProcess;
+let stats: Redis;
+beforeAll(async () => {
+  redis = await startRedisServer();
+  stats = new Redis(redis.url);
+});
+afterAll(async () => {
+  stats.disconnect();
+  await redis.stop();
+});
+
+async function commandCalls(): Promise<Record<string, number>> {
+  const text = await stats.info('commandstats');
+  const calls: Record<string, number> = {};
+  for (const m of text.matchAll(/^cmdstat_([a-z|_-]+):calls=(\d+)/gm)) calls[m[1] as string] = Number(m[2]);
+  return calls;
+}
+const scriptCalls = (c: Record<string, number>): number => (c.evalsha ?? 0) + (c.eval ?? 0);
+
+describe('Redis round trips per request', () => {
+  let a: TestGateway;
+  let b: TestGateway;
+  let eqt: SandboxBridge;
+  let fno: SandboxBridge;
+
+  beforeAll(async () => {
+    eqt = await startSandboxBridge('eqt');
+    fno = await startSandboxBridge('fno');
+    const prefix = uniquePrefix('scale');
+    a = await startTestGateway({ limits: LIMITS, redis: redis.url, prefix, bridges: { eqt, fno }, env: { LOG_LEVEL: 'warn' } });
+    b = await startTestGateway({ limits: LIMITS, redis: redis.url, prefix, bridges: { eqt, fno }, env: { LOG_LEVEL: 'warn' } });
+  });
+  afterAll(async () => {
+    await Promise.all([a.stop(), b.stop()]);
+    await Promise.all([eqt.close(), fno.close()]);
+  });
+
+  it('is one Lua script for both windows of an allowed request', async () => {
+    const key = `one-trip-${Date.now()}`;
+    await send(a.url, { path: '/orders/0', headers: { 'X-API-Key': key } });
+    const before = await commandCalls();
+    for (let i = 1; i <= 30; i++) expect((await send(a.url, { path: `/orders/${i}`, headers: { 'X-API-Key': key } })).status).toBe(200);
+    const after = await commandCalls();
+    expect(scriptCalls(after) - scriptCalls(before)).toBe(30);
+    // Inside the script: one read and one write of the key's hash.
+    expect((after.hmget ?? 0) - (before.hmget ?? 0)).toBe(30);
+    expect((after.hset ?? 0) - (before.hset ?? 0)).toBe(30);
+  });
+
+  it('is none for a key that has spent a window: refused from memory until the window resets, on every instance', async () => {
+    const key = `spent-${Date.now()}`;
+    for (let i = 0; i < 5; i++) expect((await send(a.url, { path: '/orders', headers: { 'X-API-Key': key } })).status).toBe(200);
+    // Each instance learns it with one call (the refusal from Redis) ...
+    expect((await send(a.url, { path: '/orders', headers: { 'X-API-Key': key } })).status).toBe(429);
+    expect((await send(b.url, { path: '/orders', headers: { 'X-API-Key': key } })).status).toBe(429);
+    // ... and from then on answers from memory.
+    const before = await commandCalls();
+    for (let i = 0; i < 40; i++) {
+      const reply = await send(i % 2 ? a.url : b.url, { path: '/orders', headers: { 'X-API-Key': key } });
+      expect(reply.status).toBe(429);
+      expect(reply.headers['x-ratelimit-remaining-hour']).toBe('0');
+      expect(reply.headers['x-ratelimit-remaining-day']).toBe('45');
+      expect(Number(reply.headers['retry-after'])).toBeGreaterThanOrEqual(1);
+    }
+    const after = await commandCalls();
+    expect(scriptCalls(after) - scriptCalls(before)).toBe(0);
+    const metrics = (await send(a.adminUrl, { path: '/metrics' })).text;
+    expect(metrics).toMatch(/^oapi_gateway_store_calls_total \d+$/m);
+  });
+});
+
+describe('WORKERS=2', () => {
+  let child: ChildProcess;
+  let url: string;
+  let adminUrl: string;
+  let log = '';
+  let exited: Promise<number | null>;
+
+  beforeAll(async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'oapi-workers-'));
+    writeFileSync(join(dir, 'limits.yaml'), LIMITS);
+    const port = await freePort();
+    const adminPort = await freePort();
+    const eqt = await startSandboxBridge('eqt');
+    url = `http://127.0.0.1:${port}`;
+    adminUrl = `http://127.0.0.1:${adminPort}`;
+    child = spawn(process.execPath, [new URL('../../dist/main.js', import.meta.url).pathname], {
+      cwd: dir,
+      env: {
+        PATH: process.env.PATH,
+        WORKERS: '2',
+        PORT: String(port),
+        HOST: '127.0.0.1',
+        ADMIN_PORT: String(adminPort),
+        ADMIN_TOKEN,
+        EQT_BRIDGE_URL: eqt.url,
+        FNO_BRIDGE_URL: eqt.url,
+        REDIS_URL: redis.url,
+        REDIS_KEY_PREFIX: uniquePrefix('workers'),
+        API_KEY_MODE: 'any',
+      },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    child.stdout?.on('data', (c: Buffer) => (log += c));
+    child.stderr?.on('data', (c: Buffer) => (log += c));
+    exited = new Promise((resolve) => child.once('exit', (code) => resolve(code)));
+    exited.then(() => eqt.close(), () => eqt.close());
+    const deadline = Date.now() + 10_000;
+    while ((log.match(/"msg":"gateway listening"/g) ?? []).length < 3 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+  });
+  afterAll(() => {
+    if (child.exitCode === null) child.kill('SIGKILL');
+  });
+
+  it('runs two serving processes and one admin listener, sharing the counters', async () => {
+    const listening = log.split('\n').filter((l) => l.includes('"msg":"gateway listening"')).map((l) => JSON.parse(l) as { pid: number; public?: string; admin?: string });
+    expect(listening).toHaveLength(3);
+    expect(listening.filter((l) => l.public && !l.admin)).toHaveLength(2);
+    expect(listening.filter((l) => l.admin && !l.public)).toHaveLength(1);
+
+    // New connections are spread over both workers, which share one limit.
+    const replies = await Promise.all(Array.from({ length: 24 }, () => send(url, { path: '/orders', headers: { 'X-API-Key': 'shared' }, agent: false })));
+    expect(replies.filter((r) => r.status === 200)).toHaveLength(5);
+    expect(replies.filter((r) => r.status === 429)).toHaveLength(19);
+    await new Promise((r) => setTimeout(r, 100));
+    const servedBy = new Set(log.split('\n').filter((l) => l.includes('"msg":"request"')).map((l) => (JSON.parse(l) as { pid: number }).pid));
+    expect(servedBy.size).toBe(2);
+
+    const usage = await send(adminUrl, { path: '/admin/usage/shared', headers: authHeader() });
+    expect(usage.json<{ endpoints: Array<{ hour: { used: number } }> }>().endpoints[0]?.hour.used).toBe(5);
+    const metrics = (await send(adminUrl, { path: '/metrics' })).text;
+    const total = [...metrics.matchAll(/^oapi_gateway_requests_total\{endpoint="GET \/orders",status="(\d+)"\} (\d+)$/gm)].reduce((sum, m) => sum + Number(m[2]), 0);
+    expect(total).toBe(24);
+  });
+
+  it('stops every process on SIGTERM and exits 0', async () => {
+    const agent = new http.Agent({ keepAlive: false });
+    expect((await send(url, { path: '/orders/1', headers: { 'X-API-Key': 'bye' }, agent })).status).toBe(200);
+    child.kill('SIGTERM');
+    expect(await exited).toBe(0);
+    expect((log.match(/"msg":"gateway stopped"/g) ?? []).length).toBe(3);
+  });
+});

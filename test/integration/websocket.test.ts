@@ -1,0 +1,865 @@
+import { createHash, randomBytes } from 'node:crypto';
+import http, { type IncomingHttpHeaders } from 'node:http';
+import net, { type AddressInfo, type Socket } from 'node:net';
+import WebSocket, { WebSocketServer, type RawData } from 'ws';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { authHeader, startTestGateway, type TestGateway } from '../helpers/gateway.js';
+import { send } from '../helpers/http.js';
+import { freePort } from '../helpers/redis.js';
+
+/**
+ * WebSocket rows (INTERFACE §8) over real sockets with a real `ws` client: an upgrade is
+ * counted as one connection against its row, proxied to the bridge both ways, refused with
+ * the answers of §6 without touching the bridge, released when either side goes, and closed
+ * with 1001 at shutdown once the HTTP requests in flight have completed.
+ */
+
+const ORDERS = 'WS /ws/orders';
+
+const LIMITS = `
+timezone: UTC
+limits:
+  - name: Order List
+    route: GET /orders
+    per_hour: 100
+    per_day: 100
+  - name: WebSocket, Orders
+    route: ${ORDERS}
+    per_hour: 500
+    per_day: 1000
+`;
+
+/** The small table of the limit test. */
+const SMALL_LIMITS = `
+timezone: UTC
+limits:
+  - name: Order List
+    route: GET /orders
+    per_hour: 100
+    per_day: 100
+  - name: WebSocket, Orders
+    route: ${ORDERS}
+    per_hour: 3
+    per_day: 10
+`;
+
+const FAST_ENV = { UPSTREAM_TIMEOUT_MS: '2000', SHUTDOWN_TIMEOUT_MS: '3000' };
+
+let keyN = 0;
+const newKey = (label = 'ws'): string => `${label}-${Date.now()}-${++keyN}-${randomBytes(4).toString('hex')}`;
+
+// ---------------------------------------------------------------------------------------------
+// A bridge whose server side the tests can see and drive.
+
+interface BridgeSide {
+  readonly ws: WebSocket;
+  /** The request target of the upgrade as the bridge received it. */
+  readonly url: string;
+  readonly headers: IncomingHttpHeaders;
+  readonly messages: Array<{ data: Buffer; binary: boolean }>;
+  /** Resolves with the close code and reason the bridge's socket saw. */
+  readonly closed: Promise<{ code: number; reason: string }>;
+  isClosed: boolean;
+  /** The bridge's TCP socket of this connection has closed. */
+  socketClosed: boolean;
+}
+
+interface TestBridge {
+  readonly url: string;
+  /** TCP connections accepted so far. */
+  tcpAccepted(): number;
+  /** TCP connections open now. */
+  tcpOpen(): number;
+  /** WebSocket connections accepted, in order. */
+  readonly sides: BridgeSide[];
+  /** Plain HTTP requests received (their targets). */
+  readonly httpRequests: string[];
+  close(): Promise<void>;
+}
+
+async function startBridge(options: { httpDelayMs?: number } = {}): Promise<TestBridge> {
+  const open = new Set<Socket>();
+  let accepted = 0;
+  const httpRequests: string[] = [];
+  const server = http.createServer((req, res) => {
+    httpRequests.push(req.url ?? '');
+    req.resume();
+    req.on('end', () => {
+      const reply = (): void => {
+        const body = JSON.stringify({ slow: true, url: req.url });
+        res.writeHead(200, { 'Content-Type': 'application/json', 'Content-Length': Buffer.byteLength(body) });
+        res.end(body);
+      };
+      if (options.httpDelayMs) setTimeout(reply, options.httpDelayMs);
+      else reply();
+    });
+  });
+  server.on('connection', (socket: Socket) => {
+    accepted++;
+    open.add(socket);
+    socket.once('close', () => open.delete(socket));
+  });
+  const wss = new WebSocketServer({ server });
+  const sides: BridgeSide[] = [];
+  wss.on('connection', (ws, req) => {
+    let side!: BridgeSide;
+    const closed = new Promise<{ code: number; reason: string }>((resolve) => {
+      ws.once('close', (code, reason) => {
+        side.isClosed = true;
+        resolve({ code, reason: reason.toString('utf8') });
+      });
+    });
+    side = { ws, url: req.url ?? '', headers: req.headers, messages: [], closed, isClosed: false, socketClosed: false };
+    req.socket.once('close', () => (side.socketClosed = true));
+    sides.push(side);
+    ws.on('error', () => {});
+    ws.on('message', (data: RawData, isBinary: boolean) => {
+      const buffer = toBuffer(data);
+      side.messages.push({ data: buffer, binary: isBinary });
+      ws.send(buffer, { binary: isBinary });
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const port = (server.address() as AddressInfo).port;
+  return {
+    url: `http://127.0.0.1:${port}`,
+    tcpAccepted: () => accepted,
+    tcpOpen: () => open.size,
+    sides,
+    httpRequests,
+    close: async () => {
+      for (const client of wss.clients) client.terminate();
+      wss.close();
+      server.closeAllConnections();
+      for (const socket of open) socket.destroy();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+    },
+  };
+}
+
+function toBuffer(data: RawData): Buffer {
+  if (Buffer.isBuffer(data)) return data;
+  if (Array.isArray(data)) return Buffer.concat(data);
+  return Buffer.from(data);
+}
+
+/**
+ * A bridge that speaks WebSocket by hand over a raw TCP socket, so that a test can write half
+ * a frame, wait, and write the rest. `silent`: it accepts TCP connections and never answers.
+ */
+interface RawBridge {
+  readonly url: string;
+  readonly sockets: Socket[];
+  /** Bytes received after the handshake, per socket. */
+  readonly received: Map<Socket, Buffer>;
+  close(): Promise<void>;
+}
+
+async function startRawBridge(options: { silent?: boolean } = {}): Promise<RawBridge> {
+  const sockets: Socket[] = [];
+  const received = new Map<Socket, Buffer>();
+  // allowHalfOpen: the bridge can go on writing after the gateway has ended its side.
+  const server = net.createServer({ allowHalfOpen: true }, (socket) => {
+    sockets.push(socket);
+    socket.on('error', () => {});
+    let head = Buffer.alloc(0);
+    let upgraded = false;
+    socket.on('data', (chunk: Buffer) => {
+      if (options.silent) return;
+      if (upgraded) {
+        received.set(socket, Buffer.concat([received.get(socket) ?? Buffer.alloc(0), chunk]));
+        return;
+      }
+      head = Buffer.concat([head, chunk]);
+      const end = head.indexOf('\r\n\r\n');
+      if (end === -1) return;
+      const key = /^sec-websocket-key:\s*(\S+)\s*$/im.exec(head.subarray(0, end).toString('latin1'))?.[1] ?? '';
+      const accept = createHash('sha1').update(key + '258EAFA5-E914-47DA-95CA-C5AB0DC85B11').digest('base64');
+      upgraded = true;
+      received.set(socket, head.subarray(end + 4));
+      socket.write(`HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: ${accept}\r\n\r\n`);
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const port = (server.address() as AddressInfo).port;
+  return {
+    url: `http://127.0.0.1:${port}`,
+    sockets,
+    received,
+    close: async () => {
+      for (const socket of sockets) socket.destroy();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+    },
+  };
+}
+
+/** An unmasked binary frame as a server sends it (RFC 6455 §5.2), 64-bit length form. */
+function serverBinaryFrame(payload: Buffer): Buffer {
+  const header = Buffer.alloc(10);
+  header[0] = 0x82;
+  header[1] = 127;
+  header.writeBigUInt64BE(BigInt(payload.length), 2);
+  return Buffer.concat([header, payload]);
+}
+
+/** The code of the first frame of `bytes` when it is a masked Close frame (as a client sends it). */
+function maskedCloseCode(bytes: Buffer): number | undefined {
+  if (bytes.length < 8 || bytes[0] !== 0x88 || ((bytes[1] as number) & 0x80) === 0) return undefined;
+  const mask = bytes.subarray(2, 6);
+  return (((bytes[6] as number) ^ (mask[0] as number)) << 8) | ((bytes[7] as number) ^ (mask[1] as number));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Client helpers: every wait is bounded.
+
+const wsUrl = (gw: TestGateway, target: string): string => gw.url.replace(/^http:/, 'ws:') + target;
+
+function withTimeout<T>(promise: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  return Promise.race([
+    promise.finally(() => clearTimeout(timer)),
+    new Promise<T>((_, reject) => (timer = setTimeout(() => reject(new Error(`timed out after ${ms} ms: ${what}`)), ms))),
+  ]);
+}
+
+async function waitFor(condition: () => boolean | Promise<boolean>, timeoutMs: number, what: string): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  for (let i = 0; i < 10_000; i++) {
+    if (await condition()) return;
+    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
+    await sleep(20);
+  }
+  throw new Error(`gave up waiting for ${what}`);
+}
+
+const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
+
+/** Every client a test opened, so that afterEach can drop what a failed test left behind. */
+const clients = new Set<WebSocket>();
+
+interface Opened {
+  readonly ws: WebSocket;
+  /** The 101 answer's headers. */
+  readonly headers: IncomingHttpHeaders;
+  /** Resolves with the close code and reason the client saw. */
+  readonly closed: Promise<{ code: number; reason: string }>;
+}
+
+/** Opens a WebSocket through the gateway; rejects on anything but a 101 within `timeoutMs`. */
+function open(url: string, headers: Record<string, string> = {}, timeoutMs = 5000): Promise<Opened> {
+  return withTimeout(
+    new Promise<Opened>((resolve, reject) => {
+      const ws = new WebSocket(url, { headers, handshakeTimeout: timeoutMs, maxPayload: 16 * 1024 * 1024 });
+      clients.add(ws);
+      let upgradeHeaders: IncomingHttpHeaders = {};
+      const closed = new Promise<{ code: number; reason: string }>((res) => {
+        ws.once('close', (code, reason) => {
+          clients.delete(ws);
+          res({ code, reason: reason.toString('utf8') });
+        });
+      });
+      ws.on('upgrade', (res) => (upgradeHeaders = res.headers));
+      ws.once('open', () => resolve({ ws, headers: upgradeHeaders, closed }));
+      ws.on('error', (err) => reject(err));
+      ws.once('unexpected-response', (_req, res) => {
+        res.resume();
+        reject(new Error(`upgrade answered ${res.statusCode}`));
+        ws.terminate();
+      });
+    }),
+    timeoutMs + 500,
+    `open ${url}`,
+  );
+}
+
+interface Refusal {
+  readonly status: number;
+  readonly headers: IncomingHttpHeaders;
+  readonly body: string;
+}
+
+/** An upgrade the gateway must answer with plain HTTP: its status, headers and body, read from 'unexpected-response'. */
+function refused(url: string, headers: Record<string, string> = {}, timeoutMs = 5000): Promise<Refusal> {
+  return withTimeout(
+    new Promise<Refusal>((resolve, reject) => {
+      const ws = new WebSocket(url, { headers, handshakeTimeout: timeoutMs });
+      ws.on('error', () => {}); // terminate() below reports the aborted handshake as an error
+      ws.once('open', () => {
+        ws.terminate();
+        reject(new Error('the upgrade was accepted'));
+      });
+      ws.once('unexpected-response', (_req, res) => {
+        const chunks: Buffer[] = [];
+        res.on('data', (c: Buffer) => chunks.push(c));
+        res.on('error', reject);
+        res.on('end', () => {
+          resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks).toString('utf8') });
+          ws.terminate();
+        });
+      });
+    }),
+    timeoutMs + 500,
+    `refused upgrade ${url}`,
+  );
+}
+
+function nextMessage(ws: WebSocket, timeoutMs = 5000): Promise<{ data: Buffer; binary: boolean }> {
+  return withTimeout(
+    new Promise((resolve) => ws.once('message', (data: RawData, binary: boolean) => resolve({ data: toBuffer(data), binary }))),
+    timeoutMs,
+    'a message',
+  );
+}
+
+async function echo(ws: WebSocket, data: string | Buffer, binary: boolean): Promise<{ data: Buffer; binary: boolean }> {
+  const reply = nextMessage(ws, 10_000);
+  ws.send(data, { binary });
+  return reply;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Admin helpers.
+
+async function usageOf(gw: TestGateway, key: string, route = ORDERS): Promise<{ hour: { used: number; remaining: number }; day: { used: number; remaining: number } }> {
+  const reply = await send(gw.adminUrl, { path: `/admin/usage/${encodeURIComponent(key)}`, headers: authHeader() });
+  expect(reply.status).toBe(200);
+  const entry = reply.json<{ endpoints: Array<{ route: string; hour: never; day: never }> }>().endpoints.find((e) => e.route === route);
+  if (!entry) throw new Error(`no usage entry for ${route}`);
+  return entry;
+}
+
+/** The value of `oapi_gateway_websocket_connections{endpoint=…}` (0 when the series is absent). */
+async function gauge(gw: TestGateway, endpoint = ORDERS): Promise<number> {
+  const reply = await send(gw.adminUrl, { path: '/metrics' });
+  expect(reply.status).toBe(200);
+  const line = reply.text.split('\n').find((l) => l.startsWith(`oapi_gateway_websocket_connections{endpoint="${endpoint}"} `));
+  if (!line) return 0;
+  return Number(line.slice(line.lastIndexOf(' ') + 1));
+}
+
+// ---------------------------------------------------------------------------------------------
+
+let gw: TestGateway;
+let bridge: TestBridge;
+
+beforeAll(async () => {
+  bridge = await startBridge();
+  gw = await startTestGateway({ limits: LIMITS, env: { ...FAST_ENV, EQT_BRIDGE_URL: bridge.url } });
+});
+afterEach(async () => {
+  for (const ws of clients) ws.terminate();
+  clients.clear();
+  // Every test starts with no connection open through the main gateway.
+  await waitFor(async () => (await gauge(gw)) === 0, 5000, 'no WebSocket left open');
+});
+afterAll(async () => {
+  await gw?.stop();
+  await bridge?.close();
+});
+
+describe('an accepted upgrade', () => {
+  it('is counted as one connection against its row and proxied to the bridge', async () => {
+    const key = newKey();
+    const before = await usageOf(gw, key);
+    expect(before.hour.used).toBe(0);
+    expect(before.day.used).toBe(0);
+    const sidesBefore = bridge.sides.length;
+
+    const { ws } = await open(wsUrl(gw, '/ws/orders'), { 'X-API-Key': key });
+    await waitFor(() => bridge.sides.length === sidesBefore + 1, 3000, 'the bridge to accept the WebSocket');
+    const side = bridge.sides[sidesBefore]!;
+    expect(side.url).toBe('/ws/orders');
+    expect(side.headers['x-request-id']).toBeTruthy();
+
+    const after = await usageOf(gw, key);
+    expect(after.hour.used).toBe(1);
+    expect(after.day.used).toBe(1);
+    expect(after.hour.remaining).toBe(499);
+    expect(after.day.remaining).toBe(999);
+    // Nothing else of the table was counted.
+    expect((await usageOf(gw, key, 'GET /orders')).hour.used).toBe(0);
+    ws.close();
+  });
+
+  it('answers the upgrade with 101 carrying the usage headers of §6 and X-Request-Id', async () => {
+    const key = newKey();
+    const { ws, headers } = await open(wsUrl(gw, '/ws/orders'), { 'X-API-Key': key });
+    expect(headers['x-ratelimit-limit-hour']).toBe('500');
+    expect(headers['x-ratelimit-remaining-hour']).toBe('499');
+    expect(headers['x-ratelimit-limit-day']).toBe('1000');
+    expect(headers['x-ratelimit-remaining-day']).toBe('999');
+    expect(headers['ratelimit-policy']).toBe('"hour";q=500;w=3600, "day";q=1000;w=86400');
+    expect(headers['ratelimit']).toMatch(/^"hour";r=499;t=\d+, "day";r=999;t=\d+$/);
+    expect(headers['x-request-id']).toBeTruthy();
+    ws.close();
+  });
+
+  it('carries text and binary frames both ways, a 1 MB binary message included', async () => {
+    const { ws } = await open(wsUrl(gw, '/ws/orders'), { 'X-API-Key': newKey() });
+    await waitFor(() => bridge.sides.length > 0 && bridge.sides.at(-1)!.ws.readyState === WebSocket.OPEN, 3000, 'the bridge side');
+    const side = bridge.sides.at(-1)!;
+
+    const text = await echo(ws, 'héllo, bridge', false);
+    expect(text.binary).toBe(false);
+    expect(text.data.toString('utf8')).toBe('héllo, bridge');
+
+    const small = randomBytes(1000);
+    const binary = await echo(ws, small, true);
+    expect(binary.binary).toBe(true);
+    expect(binary.data.equals(small)).toBe(true);
+
+    const large = randomBytes(1024 * 1024);
+    const big = await echo(ws, large, true);
+    expect(big.binary).toBe(true);
+    expect(big.data.length).toBe(large.length);
+    expect(big.data.equals(large)).toBe(true);
+
+    // What the bridge received is what the client sent, frame for frame.
+    expect(side.messages.map((m) => [m.binary, m.data.length])).toEqual([
+      [false, Buffer.byteLength('héllo, bridge')],
+      [true, 1000],
+      [true, 1024 * 1024],
+    ]);
+    expect(side.messages[2]!.data.equals(large)).toBe(true);
+
+    // And a message the bridge starts reaches the client.
+    const pushed = nextMessage(ws);
+    side.ws.send('from the bridge');
+    const got = await pushed;
+    expect(got.binary).toBe(false);
+    expect(got.data.toString('utf8')).toBe('from the bridge');
+    ws.close();
+  });
+
+  it('passes the client close code and reason to the bridge', async () => {
+    const sidesBefore = bridge.sides.length;
+    const { ws, closed } = await open(wsUrl(gw, '/ws/orders'), { 'X-API-Key': newKey() });
+    await waitFor(() => bridge.sides.length === sidesBefore + 1, 3000, 'the bridge side');
+    const side = bridge.sides[sidesBefore]!;
+    ws.close(4000, 'bye');
+    expect(await withTimeout(side.closed, 3000, 'the bridge side to close')).toEqual({ code: 4000, reason: 'bye' });
+    // The bridge echoes the close, as RFC 6455 §5.5.1 has it, and the client sees that.
+    expect(await withTimeout(closed, 3000, 'the client to close')).toEqual({ code: 4000, reason: 'bye' });
+  });
+
+  it('passes the bridge close code and reason to the client', async () => {
+    const sidesBefore = bridge.sides.length;
+    const { closed } = await open(wsUrl(gw, '/ws/orders'), { 'X-API-Key': newKey() });
+    await waitFor(() => bridge.sides.length === sidesBefore + 1, 3000, 'the bridge side');
+    const side = bridge.sides[sidesBefore]!;
+    side.ws.close(4001, 'done');
+    expect(await withTimeout(closed, 3000, 'the client to close')).toEqual({ code: 4001, reason: 'done' });
+    expect(await withTimeout(side.closed, 3000, 'the bridge side to close')).toEqual({ code: 4001, reason: 'done' });
+  });
+});
+
+describe('refused upgrades: the answers of §6, and no socket at the bridge', () => {
+  let small: TestGateway;
+  let smallBridge: TestBridge;
+  beforeAll(async () => {
+    smallBridge = await startBridge();
+    small = await startTestGateway({ limits: SMALL_LIMITS, env: { ...FAST_ENV, EQT_BRIDGE_URL: smallBridge.url } });
+  });
+  afterAll(async () => {
+    await small?.stop();
+    await smallBridge?.close();
+  });
+
+  it('answers 429 over the limit, with Retry-After and the usage headers, and opens nothing at the bridge', async () => {
+    const key = newKey('limit');
+    for (let i = 0; i < 3; i++) {
+      const { ws, closed } = await open(wsUrl(small, '/ws/orders'), { 'X-API-Key': key });
+      ws.close();
+      await withTimeout(closed, 3000, 'a close');
+    }
+    await waitFor(() => smallBridge.sides.length === 3, 3000, 'three connections at the bridge');
+    const tcpBefore = smallBridge.tcpAccepted();
+    expect(tcpBefore).toBe(3);
+
+    const answer = await refused(wsUrl(small, '/ws/orders'), { 'X-API-Key': key });
+    expect(answer.status).toBe(429);
+    expect(answer.body).toBe('{"error":"Rate Limit Exceeded","message":"Too Many Requests"}');
+    expect(answer.headers['content-type']).toMatch(/^application\/json/);
+    const retryAfter = Number(answer.headers['retry-after']);
+    expect(Number.isInteger(retryAfter)).toBe(true);
+    expect(retryAfter).toBeGreaterThanOrEqual(1);
+    expect(retryAfter).toBeLessThanOrEqual(3600);
+    expect(answer.headers['x-ratelimit-limit-hour']).toBe('3');
+    expect(answer.headers['x-ratelimit-remaining-hour']).toBe('0');
+    expect(answer.headers['x-ratelimit-limit-day']).toBe('10');
+    expect(answer.headers['x-ratelimit-remaining-day']).toBe('7');
+    expect(answer.headers['ratelimit-policy']).toBe('"hour";q=3;w=3600, "day";q=10;w=86400');
+    const ratelimit = /^"hour";r=0;t=(\d+), "day";r=7;t=(\d+)$/.exec(answer.headers['ratelimit'] as string);
+    expect(ratelimit).not.toBeNull();
+    // Only the hour window is spent: Retry-After is its reset.
+    expect(retryAfter).toBe(Math.max(1, Number(ratelimit![1])));
+    expect(answer.headers['x-request-id']).toBeTruthy();
+
+    // A second refusal too; and the refused upgrades used none of the day's quota.
+    expect((await refused(wsUrl(small, '/ws/orders'), { 'X-API-Key': key })).status).toBe(429);
+    const usage = await usageOf(small, key);
+    expect(usage.hour.used).toBe(3);
+    expect(usage.day.used).toBe(3);
+
+    await sleep(100);
+    expect(smallBridge.tcpAccepted()).toBe(tcpBefore);
+    expect(smallBridge.sides.length).toBe(3);
+  });
+
+  it('answers 401 to an upgrade without a key, 404 to an unknown WebSocket path, opening nothing', async () => {
+    const tcpBefore = smallBridge.tcpAccepted();
+
+    const missing = await refused(wsUrl(small, '/ws/orders'));
+    expect(missing.status).toBe(401);
+    expect(missing.headers['content-type']).toMatch(/^application\/json/);
+    expect(JSON.parse(missing.body)).toEqual({ error: 'Unauthorized', message: 'Missing API key' });
+
+    const empty = await refused(wsUrl(small, '/ws/orders?api_key='));
+    expect(empty.status).toBe(401);
+    expect(JSON.parse(empty.body)).toEqual({ error: 'Unauthorized', message: 'Missing API key' });
+
+    const unknown = await refused(wsUrl(small, '/ws/nowhere'), { 'X-API-Key': newKey() });
+    expect(unknown.status).toBe(404);
+    expect(unknown.headers['content-type']).toMatch(/^application\/json/);
+    const body = JSON.parse(unknown.body) as Record<string, unknown>;
+    expect(Object.keys(body).sort()).toEqual(['error', 'message']);
+    expect(body.error).toBe('Not Found');
+    expect(typeof body.message).toBe('string');
+
+    await sleep(100);
+    expect(smallBridge.tcpAccepted()).toBe(tcpBefore);
+  });
+
+  it('answers 502 when the bridge cannot be reached', async () => {
+    const closedPort = await freePort();
+    const down = await startTestGateway({ limits: SMALL_LIMITS, env: { ...FAST_ENV, EQT_BRIDGE_URL: `http://127.0.0.1:${closedPort}` } });
+    try {
+      const answer = await refused(wsUrl(down, '/ws/orders'), { 'X-API-Key': newKey() });
+      expect(answer.status).toBe(502);
+      expect(answer.headers['content-type']).toMatch(/^application\/json/);
+      expect(JSON.parse(answer.body)).toEqual({ error: 'Bad Gateway', message: 'Bridge unreachable' });
+      expect(answer.body).not.toContain(String(closedPort));
+      expect(await gauge(down)).toBe(0);
+    } finally {
+      await down.stop();
+    }
+  });
+
+  it('carries the usage headers on the 502 of a counted upgrade', async () => {
+    const closedPort = await freePort();
+    const down = await startTestGateway({ limits: SMALL_LIMITS, env: { ...FAST_ENV, EQT_BRIDGE_URL: `http://127.0.0.1:${closedPort}` } });
+    try {
+      const key = newKey();
+      const answer = await refused(wsUrl(down, '/ws/orders'), { 'X-API-Key': key });
+      expect(answer.status).toBe(502);
+      // The upgrade was counted (step 3 came before forwarding) ...
+      expect((await usageOf(down, key)).hour.used).toBe(1);
+      // ... so its answer carries the headers of §6, as an HTTP 502 does.
+      expect(answer.headers['x-ratelimit-limit-hour']).toBe('3');
+      expect(answer.headers['x-ratelimit-remaining-hour']).toBe('2');
+      expect(answer.headers['x-ratelimit-remaining-day']).toBe('9');
+      expect(answer.headers['ratelimit-policy']).toBe('"hour";q=3;w=3600, "day";q=10;w=86400');
+      expect(answer.headers['x-request-id']).toBeTruthy();
+    } finally {
+      await down.stop();
+    }
+  });
+
+  it('answers 504 when the bridge does not answer the upgrade in time, and drops its socket to the bridge', async () => {
+    const silent = await startRawBridge({ silent: true });
+    const slow = await startTestGateway({ limits: SMALL_LIMITS, env: { ...FAST_ENV, UPSTREAM_TIMEOUT_MS: '400', EQT_BRIDGE_URL: silent.url } });
+    try {
+      const started = performance.now();
+      const answer = await refused(wsUrl(slow, '/ws/orders'), { 'X-API-Key': newKey() });
+      expect(answer.status).toBe(504);
+      expect(JSON.parse(answer.body)).toEqual({ error: 'Gateway Timeout', message: 'Bridge did not answer in time' });
+      expect(performance.now() - started).toBeLessThan(2000);
+      expect(silent.sockets.length).toBe(1);
+      // The upgrade is abandoned: the gateway must not keep a connection to the bridge open for it.
+      await waitFor(() => silent.sockets[0]!.destroyed || silent.sockets[0]!.readableEnded, 2000, 'the gateway to drop its socket to the bridge');
+    } finally {
+      await slow.stop();
+      await silent.close();
+    }
+  });
+});
+
+describe('the api_key query parameter', () => {
+  it('is accepted on a WebSocket route, removed before forwarding, other parameters kept', async () => {
+    const key = newKey('query');
+    const sidesBefore = bridge.sides.length;
+    const { ws } = await open(wsUrl(gw, `/ws/orders?symbol=VN30&api_key=${key}&depth=5`));
+    await waitFor(() => bridge.sides.length === sidesBefore + 1, 3000, 'the bridge side');
+    expect(bridge.sides[sidesBefore]!.url).toBe('/ws/orders?symbol=VN30&depth=5');
+    expect((await usageOf(gw, key)).hour.used).toBe(1);
+    const reply = await echo(ws, 'ping', false);
+    expect(reply.data.toString('utf8')).toBe('ping');
+    ws.close();
+
+    // Alone, it leaves no query at all.
+    const alone = newKey('query');
+    const { ws: ws2 } = await open(wsUrl(gw, `/ws/orders?api_key=${alone}`));
+    await waitFor(() => bridge.sides.length === sidesBefore + 2, 3000, 'the bridge side');
+    expect(bridge.sides[sidesBefore + 1]!.url).toBe('/ws/orders');
+    ws2.close();
+
+    expect(gw.logText()).not.toContain(key);
+    expect(gw.logText()).not.toContain(alone);
+  });
+
+  it('keeps the other parameters byte for byte', async () => {
+    const key = newKey('query');
+    const sidesBefore = bridge.sides.length;
+    const { ws } = await open(wsUrl(gw, `/ws/orders?symbols=AAA,BBB&api_key=${key}&note=a%20b&flag`));
+    await waitFor(() => bridge.sides.length === sidesBefore + 1, 3000, 'the bridge side');
+    expect(bridge.sides[sidesBefore]!.url).toBe('/ws/orders?symbols=AAA,BBB&note=a%20b&flag');
+    ws.close();
+  });
+
+  it('never reaches the bridge, whatever the spelling of its name', async () => {
+    // `api%5Fkey` is `api_key` once decoded: if the gateway takes the key from it, it must remove it too.
+    const key = newKey('query');
+    const sidesBefore = bridge.sides.length;
+    const outcome = await open(wsUrl(gw, `/ws/orders?api%5Fkey=${key}&x=1`)).then(
+      (o) => o,
+      () => undefined,
+    );
+    if (outcome) await waitFor(() => bridge.sides.length === sidesBefore + 1, 3000, 'the bridge side');
+    for (const side of bridge.sides) expect(side.url).not.toContain(key);
+    expect(gw.logText()).not.toContain(key);
+    outcome?.ws.close();
+  });
+
+  it('is not accepted on a plain HTTP route', async () => {
+    const key = newKey('http');
+    const before = bridge.httpRequests.length;
+    const reply = await send(gw.url, { path: `/orders?api_key=${key}` });
+    expect(reply.status).toBe(401);
+    expect(reply.json()).toEqual({ error: 'Unauthorized', message: 'Missing API key' });
+    expect(bridge.httpRequests.length).toBe(before);
+    expect((await usageOf(gw, key, 'GET /orders')).hour.used).toBe(0);
+    expect(gw.logText()).not.toContain(key);
+
+    // The same key in the header works on that route.
+    const ok = await send(gw.url, { path: '/orders', headers: { 'X-API-Key': key } });
+    expect(ok.status).toBe(200);
+  });
+});
+
+describe('open connections', () => {
+  it('are visible per row in the metric, going back down on close', async () => {
+    expect(await gauge(gw)).toBe(0);
+    const a = await open(wsUrl(gw, '/ws/orders'), { 'X-API-Key': newKey() });
+    await waitFor(async () => (await gauge(gw)) === 1, 3000, 'gauge 1');
+    const b = await open(wsUrl(gw, '/ws/orders'), { 'X-API-Key': newKey() });
+    await waitFor(async () => (await gauge(gw)) === 2, 3000, 'gauge 2');
+
+    a.ws.close(1000, 'first');
+    await withTimeout(a.closed, 3000, 'a to close');
+    await waitFor(async () => (await gauge(gw)) === 1, 3000, 'gauge back to 1');
+    b.ws.close();
+    await withTimeout(b.closed, 3000, 'b to close');
+    await waitFor(async () => (await gauge(gw)) === 0, 3000, 'gauge back to 0');
+  });
+
+  it('are released when the bridge closes first', async () => {
+    const sidesBefore = bridge.sides.length;
+    const { ws, closed } = await open(wsUrl(gw, '/ws/orders'), { 'X-API-Key': newKey() });
+    await waitFor(() => bridge.sides.length === sidesBefore + 1, 3000, 'the bridge side');
+    expect(await gauge(gw)).toBe(1);
+    const side = bridge.sides[sidesBefore]!;
+    side.ws.close(4002, 'server going');
+    expect(await withTimeout(closed, 3000, 'the client to close')).toEqual({ code: 4002, reason: 'server going' });
+    const clientSocket = (ws as unknown as { _socket: Socket | null })._socket;
+    expect(clientSocket === null || clientSocket.destroyed).toBe(true);
+    await waitFor(async () => (await gauge(gw)) === 0, 3000, 'the gateway to release the connection');
+    await waitFor(() => side.socketClosed, 3000, 'the bridge socket to close');
+  });
+
+  it('are released when the bridge vanishes without a Close frame', async () => {
+    const sidesBefore = bridge.sides.length;
+    const { closed } = await open(wsUrl(gw, '/ws/orders'), { 'X-API-Key': newKey() });
+    await waitFor(() => bridge.sides.length === sidesBefore + 1, 3000, 'the bridge side');
+    const side = bridge.sides[sidesBefore]!;
+    side.ws.terminate();
+    expect((await withTimeout(closed, 4000, 'the client to close')).code).toBe(1006);
+    await waitFor(async () => (await gauge(gw)) === 0, 4000, 'the gateway to release the connection');
+    await waitFor(() => side.socketClosed, 3000, 'the bridge socket to close');
+  });
+
+  it('are released when the client vanishes without a Close frame', async () => {
+    const sidesBefore = bridge.sides.length;
+    const { ws } = await open(wsUrl(gw, '/ws/orders'), { 'X-API-Key': newKey() });
+    await waitFor(() => bridge.sides.length === sidesBefore + 1, 3000, 'the bridge side');
+    expect(await gauge(gw)).toBe(1);
+    const side = bridge.sides[sidesBefore]!;
+    (ws as unknown as { _socket: Socket })._socket.destroy();
+    const seen = await withTimeout(side.closed, 4000, 'the bridge to see the connection closed');
+    expect(seen.code).toBe(1006);
+    await waitFor(() => side.socketClosed, 3000, 'the bridge socket to close');
+    await waitFor(async () => (await gauge(gw)) === 0, 4000, 'the gateway to release the connection');
+
+    // The same with terminate().
+    const { ws: ws2 } = await open(wsUrl(gw, '/ws/orders'), { 'X-API-Key': newKey() });
+    await waitFor(() => bridge.sides.length === sidesBefore + 2, 3000, 'the bridge side');
+    const side2 = bridge.sides[sidesBefore + 1]!;
+    ws2.terminate();
+    expect((await withTimeout(side2.closed, 4000, 'the bridge to see it closed')).code).toBe(1006);
+    await waitFor(() => side2.socketClosed, 3000, 'the bridge socket to close');
+    await waitFor(async () => (await gauge(gw)) === 0, 4000, 'the gateway to release the connection');
+  });
+
+  it('leak nothing when the client leaves while the bridge is still answering the upgrade', async () => {
+    const server = http.createServer();
+    const wss = new WebSocketServer({ noServer: true });
+    const bridgeSockets: Socket[] = [];
+    let upgradesSeen = 0;
+    server.on('upgrade', (req, socket, head) => {
+      upgradesSeen++;
+      bridgeSockets.push(socket as Socket);
+      socket.on('error', () => {});
+      // The bridge accepts, but only after the client has given up.
+      setTimeout(() => {
+        if (!socket.destroyed) wss.handleUpgrade(req, socket, head, (ws) => ws.on('error', () => {}));
+      }, 300);
+    });
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const late = await startTestGateway({ limits: LIMITS, env: { ...FAST_ENV, EQT_BRIDGE_URL: `http://127.0.0.1:${(server.address() as AddressInfo).port}` } });
+    try {
+      const ws = new WebSocket(wsUrl(late, '/ws/orders'), { headers: { 'X-API-Key': newKey() } });
+      ws.on('error', () => {});
+      await waitFor(() => upgradesSeen === 1, 3000, 'the upgrade to reach the bridge');
+      ws.terminate();
+      // The bridge accepts 300 ms after it saw the upgrade; then the gateway must let go of both sides.
+      await sleep(400);
+      await waitFor(() => bridgeSockets[0]!.destroyed, 3000, 'the bridge socket to close');
+      await waitFor(async () => (await gauge(late)) === 0, 3000, 'no WebSocket counted open');
+    } finally {
+      await late.stop();
+      for (const client of wss.clients) client.terminate();
+      server.closeAllConnections();
+      for (const socket of bridgeSockets) socket.destroy();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+    }
+  });
+
+  it('serve 100 connections at once, each echoing its own message', async () => {
+    const key = newKey('many');
+    const n = 100;
+    const all = await Promise.all(Array.from({ length: n }, () => open(wsUrl(gw, '/ws/orders'), { 'X-API-Key': key }, 10_000)));
+    await waitFor(async () => (await gauge(gw)) === n, 5000, `gauge ${n}`);
+    const replies = await Promise.all(all.map(({ ws }, i) => echo(ws, `message ${i} ${randomBytes(6).toString('hex')}-${i}`, false).then((r) => [i, r.data.toString('utf8')] as const)));
+    for (const [i, text] of replies) expect(text).toMatch(new RegExp(`^message ${i} [0-9a-f]{12}-${i}$`));
+    // Each connection got its own message back, not another's.
+    expect(new Set(replies.map(([, text]) => text)).size).toBe(n);
+    const usage = await usageOf(gw, key);
+    expect(usage.hour.used).toBe(n);
+    expect(usage.day.used).toBe(n);
+
+    for (const { ws } of all) ws.close();
+    await withTimeout(Promise.all(all.map((o) => o.closed)), 5000, 'every client to close');
+    await waitFor(async () => (await gauge(gw)) === 0, 5000, 'gauge back to 0');
+  });
+});
+
+describe('shutdown', () => {
+  it('lets the HTTP request in flight complete, then closes the WebSocket with 1001 on both sides', async () => {
+    const slow = await startBridge({ httpDelayMs: 500 });
+    const down = await startTestGateway({ limits: LIMITS, env: { ...FAST_ENV, EQT_BRIDGE_URL: slow.url } });
+    try {
+      const key = newKey('shutdown');
+      const { ws, closed } = await open(wsUrl(down, '/ws/orders'), { 'X-API-Key': key });
+      await waitFor(() => slow.sides.length === 1, 3000, 'the bridge side');
+      const side = slow.sides[0]!;
+      expect((await echo(ws, 'before', false)).data.toString('utf8')).toBe('before');
+
+      let clientClosedAt = 0;
+      void closed.then(() => (clientClosedAt = performance.now()));
+      let httpDoneAt = 0;
+      const inFlight = send(down.url, { path: '/orders', headers: { 'X-API-Key': key }, agent: false, timeoutMs: 5000 }).then((r) => {
+        httpDoneAt = performance.now();
+        return r;
+      });
+      await waitFor(() => slow.httpRequests.length === 1, 3000, 'the HTTP request to reach the bridge');
+
+      const stopping = down.gateway.stop();
+      const reply = await inFlight;
+      expect(reply.status).toBe(200);
+      expect(reply.json()).toEqual({ slow: true, url: '/orders' });
+
+      expect(await withTimeout(closed, 5000, 'the client to get a Close')).toEqual({ code: 1001, reason: 'gateway shutting down' });
+      expect(clientClosedAt).toBeGreaterThanOrEqual(httpDoneAt);
+      expect((await withTimeout(side.closed, 5000, 'the bridge side to get a Close')).code).toBe(1001);
+      await withTimeout(stopping, 8000, 'stop()');
+      await waitFor(() => slow.tcpOpen() === 0, 3000, 'every bridge socket to close');
+    } finally {
+      await down.stop();
+      await slow.close();
+    }
+  });
+
+  it('finishes a frame in flight before the 1001, and sends the bridge a 1001 too', async () => {
+    const raw = await startRawBridge();
+    const down = await startTestGateway({ limits: LIMITS, env: { ...FAST_ENV, EQT_BRIDGE_URL: raw.url } });
+    try {
+      const { ws, closed } = await open(wsUrl(down, '/ws/orders'), { 'X-API-Key': newKey('frame') });
+      const events: string[] = [];
+      let message: Buffer | undefined;
+      ws.on('message', (data: RawData) => {
+        message = toBuffer(data);
+        events.push('message');
+      });
+      void closed.then(() => events.push('close'));
+      await waitFor(() => raw.sockets.length === 1 && raw.received.has(raw.sockets[0]!), 3000, 'the raw bridge handshake');
+      const bridgeSocket = raw.sockets[0]!;
+      const clientSocket = (ws as unknown as { _socket: Socket })._socket;
+
+      const payload = randomBytes(200_000);
+      const frame = serverBinaryFrame(payload);
+      const half = 100_000;
+      const readBefore = clientSocket.bytesRead;
+      bridgeSocket.write(frame.subarray(0, half));
+      await waitFor(() => clientSocket.bytesRead - readBefore >= half, 3000, 'half a frame to reach the client');
+
+      const stopping = down.gateway.stop();
+      // The client-to-bridge direction is between frames: the bridge gets its 1001 at once.
+      await waitFor(() => (raw.received.get(bridgeSocket)?.length ?? 0) >= 8, 3000, 'a Close frame at the bridge');
+      expect(maskedCloseCode(raw.received.get(bridgeSocket)!)).toBe(1001);
+      expect(events).toEqual([]);
+
+      // The rest of the frame still passes, then the 1001.
+      bridgeSocket.write(frame.subarray(half));
+      expect(await withTimeout(closed, 5000, 'the client to get a Close')).toEqual({ code: 1001, reason: 'gateway shutting down' });
+      expect(events).toEqual(['message', 'close']);
+      expect(message?.equals(payload)).toBe(true);
+      await withTimeout(stopping, 8000, 'stop()');
+    } finally {
+      await down.stop();
+      await raw.close();
+    }
+  });
+
+  it('lets go of a connection as soon as both sides have answered the 1001', async () => {
+    const echoBridge = await startBridge();
+    // The deadline is far: nothing but the connection itself should hold stop() up.
+    const down = await startTestGateway({ limits: LIMITS, env: { ...FAST_ENV, SHUTDOWN_TIMEOUT_MS: '10000', EQT_BRIDGE_URL: echoBridge.url } });
+    try {
+      const { closed } = await open(wsUrl(down, '/ws/orders'), { 'X-API-Key': newKey('release') });
+      await waitFor(() => echoBridge.sides.length === 1, 3000, 'the bridge side');
+      const side = echoBridge.sides[0]!;
+      const stopping = down.gateway.stop();
+      let stoppedAt = 0;
+      void stopping.then(() => (stoppedAt = performance.now()));
+      expect((await withTimeout(closed, 3000, 'the client to get a Close')).code).toBe(1001);
+      expect((await withTimeout(side.closed, 3000, 'the bridge to get a Close')).code).toBe(1001);
+      await waitFor(() => side.socketClosed, 3000, 'the bridge socket to close');
+      const bothClosedAt = performance.now();
+      // Both peers have closed their ends: the gateway sees it and stops without waiting out its 2 s bound.
+      await withTimeout(stopping, 5000, 'stop()');
+      expect(stoppedAt - bothClosedAt).toBeLessThan(1000);
+    } finally {
+      await down.stop();
+      await echoBridge.close();
+    }
+  });
+});
