@@ -137,6 +137,20 @@ describe('Limiter', () => {
     expect(await check(make('closed'), small)).toEqual({ kind: 'unavailable', allowed: false });
   });
 
+  it('remembers at most maxSpentEntries spent pairs; a forgotten one simply asks the store again', async () => {
+    const limiter = new Limiter({ store, insurance, failureMode: 'insurance', clock, maxSpentEntries: 10 });
+    const spend = async (keyHash: string): Promise<void> => {
+      for (let i = 0; i < 4; i++) await check(limiter, small, keyHash);
+    };
+    for (let k = 0; k < 20; k++) await spend(`many-${k}`);
+    const calls = store.calls;
+    for (let k = 10; k < 20; k++) expect(counted(await check(limiter, small, `many-${k}`)).source).toBe('cache');
+    expect(store.calls).toBe(calls);
+    const oldest = counted(await check(limiter, small, 'many-0'));
+    expect(oldest).toMatchObject({ allowed: false, source: 'store' });
+    expect(store.calls).toBe(calls + 1);
+  });
+
   it('lets a programming error through rather than reading it as a store outage', async () => {
     store.failing = new TypeError('bug');
     await expect(check(make(), small)).rejects.toThrow('bug');
