@@ -1,0 +1,104 @@
+import autocannon from 'autocannon';
+
+/**
+ * The two workloads and one measurement with autocannon. Every target gets byte-for-byte the
+ * same requests, API-key header included, so the only difference is what sits in front of
+ * the upstream.
+ */
+
+export type WorkloadName = 'token' | 'quote';
+
+export interface Workload {
+  readonly name: WorkloadName;
+  readonly label: string;
+  /** One request per API key of the pool; each connection loops over them from its own offset. */
+  readonly requests: autocannon.Request[];
+}
+
+export const TOKEN_PATH = '/oapi/auth/gen-secret-key/underlying';
+const SYMBOLS = ['VNM', 'FPT', 'HPG', 'VCB', 'MWG', 'SSI', 'VIC', 'MSN'];
+
+export function apiKeys(count: number, prefix = 'bench-key'): string[] {
+  return Array.from({ length: count }, (_, i) => `${prefix}-${String(i).padStart(3, '0')}`);
+}
+
+export function tokenWorkload(keys: readonly string[]): Workload {
+  const body = JSON.stringify({ username: 'demo', password: 'demo-password' });
+  return {
+    name: 'token',
+    label: `POST ${TOKEN_PATH}`,
+    requests: keys.map((key) => ({ method: 'POST', path: TOKEN_PATH, headers: { 'content-type': 'application/json', 'x-api-key': key }, body })),
+  };
+}
+
+export function quoteWorkload(keys: readonly string[]): Workload {
+  return {
+    name: 'quote',
+    label: 'GET /marketdata/quote/{symbol}',
+    requests: keys.map((key, i) => ({ method: 'GET', path: `/marketdata/quote/${SYMBOLS[i % SYMBOLS.length]}`, headers: { 'x-api-key': key } })),
+  };
+}
+
+export interface Measurement {
+  readonly completed: number;
+  readonly sent: number;
+  readonly seconds: number;
+  readonly reqPerSec: number;
+  /** Every response time of the run, in milliseconds (autocannon's own histogram keeps whole ms only). */
+  readonly latenciesMs: Float64Array;
+  readonly statusCounts: Record<string, number>;
+  readonly errors: number;
+  readonly timeouts: number;
+}
+
+let running: autocannon.Instance | undefined;
+
+/** Stops the measurement in progress (SIGINT). */
+export function stopRunningLoad(): void {
+  running?.stop();
+}
+
+/** Rotates the request list so that connection i starts at key i: keys spread over connections from the first second. */
+function spreadOverConnections(requests: readonly autocannon.Request[]): (client: autocannon.Client) => void {
+  let next = 0;
+  return (client) => {
+    const offset = next++ % requests.length;
+    client.setRequests([...requests.slice(offset), ...requests.slice(0, offset)].map((r) => ({ ...r, headers: { ...r.headers } })));
+  };
+}
+
+export function measure(url: string, requests: readonly autocannon.Request[], options: { connections: number; seconds: number }): Promise<Measurement> {
+  const latencies: number[] = [];
+  return new Promise((resolve, reject) => {
+    const instance = autocannon(
+      {
+        url,
+        connections: options.connections,
+        duration: options.seconds,
+        timeout: 10,
+        requests: [...requests],
+        setupClient: spreadOverConnections(requests),
+      },
+      (err, result) => {
+        running = undefined;
+        if (err) return reject(err);
+        const statusCounts: Record<string, number> = {};
+        for (const [status, { count }] of Object.entries(result.statusCodeStats)) statusCounts[status] = count;
+        resolve({
+          completed: result.requests.total,
+          sent: result.requests.sent,
+          seconds: result.duration,
+          reqPerSec: result.requests.total / result.duration,
+          latenciesMs: Float64Array.from(latencies),
+          statusCounts,
+          errors: result.errors,
+          timeouts: result.timeouts,
+        });
+      },
+    );
+    instance.on('response', (_client, _status, _bytes, responseTime) => {
+      latencies.push(responseTime);
+    });
+    running = instance;
+  });
+}

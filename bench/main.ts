@@ -1,0 +1,185 @@
+import { execFileSync } from 'node:child_process';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import { join } from 'node:path';
+import { Redis } from 'ioredis';
+import { writeBenchLimits } from './limits.js';
+import { apiKeys, quoteWorkload, stopRunningLoad, tokenWorkload } from './load.js';
+import {
+  REPO_ROOT,
+  clockTicksPerSecond,
+  compileServers,
+  forkServer,
+  killAllChildrenNow,
+  peakRssMB,
+  rssMB,
+  startGateway,
+  startRedis,
+  stopAllChildren,
+} from './processes.js';
+import { TARGETS, judge, printReport, type BenchResult } from './report.js';
+import { assertAlive, log, runRounds, runSpentKey, smokeTest, type Knobs, type Setup } from './rounds.js';
+
+/**
+ * `npm run bench` (INTERFACE §9): the upstream directly, a bare proxy and the Redis-backed
+ * gateway, measured in one run with their rounds interleaved, so that whatever else the
+ * machine is doing spreads over all three instead of favouring one.
+ *
+ * Knobs: BENCH_DURATION (seconds per measurement, 5), BENCH_ROUNDS (3), BENCH_CONNECTIONS (50).
+ */
+
+const API_KEY_COUNT = 64;
+
+/** A wrong BENCH_* value: reported in one line, without a stack. */
+class KnobError extends Error {}
+
+function intKnob(name: string, fallback: number, min: number, max: number): number {
+  const raw = process.env[name];
+  if (raw === undefined || raw === '') return fallback;
+  const value = Number(raw);
+  if (!Number.isInteger(value) || value < min || value > max) throw new KnobError(`${name}=${raw}: must be a whole number from ${min} to ${max}`);
+  return value;
+}
+
+function readKnobs(): Knobs {
+  const seconds = intKnob('BENCH_DURATION', 5, 1, 600);
+  return {
+    seconds,
+    // Long enough for the JIT and the connection pools; shorter than a measurement to keep the run near two minutes.
+    warmupSeconds: Math.max(1, Math.ceil(seconds / 2)),
+    rounds: intKnob('BENCH_ROUNDS', 3, 1, 50),
+    connections: intKnob('BENCH_CONNECTIONS', 50, 1, 1000),
+  };
+}
+
+async function startEverything(tempDir: string): Promise<Setup> {
+  const redisServer = await startRedis(tempDir);
+  const serversDir = compileServers(tempDir);
+  const upstream = await forkServer('upstream', serversDir, 'upstream.js');
+  const bare = await forkServer('bare proxy', serversDir, 'bare-proxy.js', [upstream.url]);
+  const gatewayEnv = {
+    REDIS_URL: redisServer.url,
+    EQT_BRIDGE_URL: upstream.url,
+    FNO_BRIDGE_URL: upstream.url,
+    API_KEY_MODE: 'any',
+    LOG_LEVEL: 'info',
+    LIMITS_FILE: writeBenchLimits(tempDir),
+  };
+  const gateway = await startGateway(gatewayEnv);
+  const redis = new Redis(redisServer.url, { maxRetriesPerRequest: 1, lazyConnect: true });
+  await redis.connect();
+  const startRssMB = { gateway: rssMB(gateway.child.pid), bare: rssMB(bare.child.pid) };
+  return { redis, upstream, bare, gateway, gatewayEnv, ticksPerSecond: clockTicksPerSecond(), startRssMB, problems: [] };
+}
+
+function redisVersion(): string {
+  try {
+    const text = execFileSync('redis-server', ['--version'], { encoding: 'utf8' });
+    return `Redis ${/v=(\S+)/.exec(text)?.[1] ?? text.trim()}`;
+  } catch {
+    return 'Redis (version unknown)';
+  }
+}
+
+function writeJson(result: BenchResult): string {
+  const dir = join(REPO_ROOT, '.bench');
+  mkdirSync(dir, { recursive: true });
+  const path = join(dir, 'last.json');
+  writeFileSync(path, JSON.stringify(result, null, 2) + '\n');
+  return path;
+}
+
+async function run(tempDir: string): Promise<void> {
+  const knobs = readKnobs();
+  const startedAt = new Date().toISOString();
+  const loadAverageStart = os.loadavg();
+  log(`oapi-gateway benchmark: starting redis-server, upstream, bare proxy and gateway (temp dir ${tempDir})`);
+  const setup = await startEverything(tempDir);
+  try {
+    const keys = apiKeys(API_KEY_COUNT);
+    const workloads = [tokenWorkload(keys), quoteWorkload(keys)];
+    await smokeTest(setup, workloads);
+    const total = (knobs.warmupSeconds + knobs.rounds * knobs.seconds) * workloads.length * TARGETS.length + knobs.seconds;
+    log(`measuring: about ${total} s of load (${knobs.rounds} rounds × ${knobs.seconds} s after a ${knobs.warmupSeconds} s warm-up, ${knobs.connections} connections)`);
+    const results = await runRounds(setup, workloads, knobs);
+    log('  spent key ...');
+    const spentKey = await runSpentKey(setup, knobs);
+    assertAlive(setup);
+
+    const gatewayPeakRssMB = peakRssMB(setup.gateway.child.pid);
+    const bareProxyPeakRssMB = peakRssMB(setup.bare.child.pid);
+    const gatewayStderr = setup.gateway.child.stderrTail().trim();
+    if (gatewayStderr) setup.problems.push(`the gateway wrote to stderr: ${gatewayStderr.slice(-1000)}`);
+    const cpus = os.cpus();
+    const result: BenchResult = {
+      startedAt,
+      machine: {
+        cpuModel: cpus[0]?.model ?? 'unknown',
+        cores: cpus.length,
+        totalMemoryMB: Math.round(os.totalmem() / 1024 / 1024),
+        node: process.version,
+        os: `${os.type()} ${os.release()} ${os.arch()}`,
+        redis: redisVersion(),
+        loadAverageStart,
+        loadAverageEnd: os.loadavg(),
+      },
+      settings: {
+        durationSeconds: knobs.seconds,
+        warmupSeconds: knobs.warmupSeconds,
+        rounds: knobs.rounds,
+        connections: knobs.connections,
+        apiKeys: API_KEY_COUNT,
+        clockTicksPerSecond: setup.ticksPerSecond,
+        gatewayEnv: { ...setup.gatewayEnv, REDIS_URL: 'redis://127.0.0.1:<bench port>', LIMITS_FILE: '<temp dir>/bench-limits.yaml' },
+      },
+      workloads: results,
+      spentKey,
+      gatewayPeakRssMB,
+      bareProxyPeakRssMB,
+      startRssMB: setup.startRssMB,
+      checks: judge(results, spentKey, gatewayPeakRssMB),
+      problems: setup.problems,
+    };
+    printReport(result, log);
+    log('');
+    log(`results written to ${writeJson(result)}`);
+  } finally {
+    setup.redis.disconnect();
+  }
+}
+
+let cleaning: Promise<void> | undefined;
+function cleanUp(tempDir: string): Promise<void> {
+  cleaning ??= (async () => {
+    stopRunningLoad();
+    await stopAllChildren();
+    rmSync(tempDir, { recursive: true, force: true });
+  })();
+  return cleaning;
+}
+
+async function main(): Promise<void> {
+  const tempDir = mkdtempSync(join(os.tmpdir(), 'oapi-bench-'));
+  const interrupt = (signal: NodeJS.Signals): void => {
+    log(`\n${signal}: stopping every process the benchmark started`);
+    void cleanUp(tempDir).finally(() => process.exit(130));
+  };
+  process.once('SIGINT', interrupt);
+  process.once('SIGTERM', interrupt);
+  // Should anything still run at exit (an uncaught error), it dies with us.
+  process.once('exit', () => {
+    killAllChildrenNow();
+    rmSync(tempDir, { recursive: true, force: true });
+  });
+  try {
+    await run(tempDir);
+  } catch (err) {
+    const shown = err instanceof KnobError ? err.message : err instanceof Error ? (err.stack ?? err.message) : String(err);
+    process.stderr.write(`benchmark failed: ${shown}\n`);
+    process.exitCode = 1;
+  } finally {
+    await cleanUp(tempDir);
+  }
+}
+
+await main();

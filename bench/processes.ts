@@ -1,0 +1,227 @@
+import { execFileSync, fork, spawn, type ChildProcess } from 'node:child_process';
+import { mkdirSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import net from 'node:net';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+import ts from 'typescript';
+
+/**
+ * The processes of a benchmark run — Redis, the upstream, the bare proxy, the gateway — and
+ * what /proc says about them. Every child is registered so that one call stops them all, by
+ * PID, whatever happened before.
+ */
+
+export const REPO_ROOT = fileURLToPath(new URL('..', import.meta.url));
+
+export interface Child {
+  readonly name: string;
+  readonly pid: number;
+  readonly process: ChildProcess;
+  /** The last few KB of its stderr, for error messages. */
+  stderrTail(): string;
+}
+
+const children: Child[] = [];
+
+export function freePort(): Promise<number> {
+  return new Promise((resolve, reject) => {
+    const server = net.createServer();
+    server.once('error', reject);
+    server.listen(0, '127.0.0.1', () => {
+      const { port } = server.address() as net.AddressInfo;
+      server.close(() => resolve(port));
+    });
+  });
+}
+
+function register(name: string, child: ChildProcess): Child {
+  if (child.pid === undefined) throw new Error(`${name} did not start`);
+  let tail = '';
+  child.stderr?.setEncoding('utf8');
+  child.stderr?.on('data', (chunk: string) => {
+    tail = (tail + chunk).slice(-8192);
+  });
+  const entry: Child = { name, pid: child.pid, process: child, stderrTail: () => tail };
+  children.push(entry);
+  return entry;
+}
+
+export function isRunning(child: Child): boolean {
+  return child.process.exitCode === null && child.process.signalCode === null;
+}
+
+function exited(child: Child, timeoutMs: number): Promise<boolean> {
+  if (!isRunning(child)) return Promise.resolve(true);
+  return new Promise((resolve) => {
+    const timer = setTimeout(() => resolve(false), timeoutMs);
+    child.process.once('exit', () => {
+      clearTimeout(timer);
+      resolve(true);
+    });
+  });
+}
+
+/** SIGTERM, then SIGKILL if it has not gone within `graceMs`. */
+export async function stopChild(child: Child, graceMs = 5000): Promise<void> {
+  if (!isRunning(child)) return;
+  process.kill(child.pid, 'SIGTERM');
+  if (await exited(child, graceMs)) return;
+  process.kill(child.pid, 'SIGKILL');
+  await exited(child, 2000);
+}
+
+/** Stops every child started so far, the most recent first. */
+export async function stopAllChildren(): Promise<void> {
+  for (const child of [...children].reverse()) {
+    await stopChild(child).catch(() => {});
+  }
+}
+
+/** Last resort on process exit: nothing may outlive the benchmark. */
+export function killAllChildrenNow(): void {
+  for (const child of children) {
+    if (isRunning(child)) {
+      try {
+        process.kill(child.pid, 'SIGKILL');
+      } catch {
+        // already gone
+      }
+    }
+  }
+}
+
+async function waitFor(what: string, check: () => Promise<boolean>, child: Child, timeoutMs: number): Promise<void> {
+  const deadline = Date.now() + timeoutMs;
+  while (Date.now() < deadline) {
+    if (!isRunning(child)) throw new Error(`${what} exited during start-up (code ${child.process.exitCode}):\n${child.stderrTail()}`);
+    if (await check().catch(() => false)) return;
+    await sleep(100);
+  }
+  throw new Error(`${what} not ready after ${timeoutMs} ms:\n${child.stderrTail()}`);
+}
+
+export function sleep(ms: number): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, ms));
+}
+
+function canConnect(port: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const socket = net.connect(port, '127.0.0.1');
+    socket.once('connect', () => {
+      socket.destroy();
+      resolve(true);
+    });
+    socket.once('error', () => resolve(false));
+  });
+}
+
+/** A throw-away Redis: loopback only, no persistence. */
+export async function startRedis(dir: string): Promise<{ child: Child; url: string }> {
+  const port = await freePort();
+  const args = ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', dir, '--daemonize', 'no', '--loglevel', 'warning'];
+  const child = register('redis-server', spawn('redis-server', args, { stdio: ['ignore', 'ignore', 'pipe'] }));
+  await waitFor('redis-server', () => canConnect(port), child, 5000);
+  return { child, url: `redis://127.0.0.1:${port}` };
+}
+
+/**
+ * bench/servers/*.ts compiled to plain JavaScript in `dir`: the upstream and the bare proxy then
+ * run on plain `node` like the gateway does, without a TypeScript loader in the process (tsx
+ * would add some 35 MB of RSS and a loader thread to the baseline). Returns the directory.
+ */
+export function compileServers(dir: string): string {
+  const source = fileURLToPath(new URL('./servers/', import.meta.url));
+  const out = join(dir, 'servers');
+  mkdirSync(out, { recursive: true });
+  writeFileSync(join(out, 'package.json'), '{"type":"module"}\n');
+  for (const file of readdirSync(source).filter((f) => f.endsWith('.ts'))) {
+    const { outputText } = ts.transpileModule(readFileSync(join(source, file), 'utf8'), {
+      compilerOptions: { module: ts.ModuleKind.ESNext, target: ts.ScriptTarget.ES2022, verbatimModuleSyntax: true },
+      fileName: file,
+    });
+    writeFileSync(join(out, file.replace(/\.ts$/, '.js')), outputText);
+  }
+  return out;
+}
+
+/** One of the compiled bench/servers in a Node process of its own; resolves with the port it listens on. */
+export async function forkServer(name: string, serversDir: string, file: string, args: string[] = []): Promise<{ child: Child; url: string }> {
+  const path = join(serversDir, file);
+  const child = register(name, fork(path, args, { cwd: serversDir, execArgv: [], stdio: ['ignore', 'ignore', 'pipe', 'ipc'] }));
+  const port = await new Promise<number>((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`${name} did not announce its port:\n${child.stderrTail()}`)), 15_000);
+    child.process.once('message', (message: { port?: number }) => {
+      clearTimeout(timer);
+      if (typeof message.port === 'number') resolve(message.port);
+      else reject(new Error(`${name}: unexpected message ${JSON.stringify(message)}`));
+    });
+    child.process.once('exit', (code) => {
+      clearTimeout(timer);
+      reject(new Error(`${name} exited during start-up (code ${code}):\n${child.stderrTail()}`));
+    });
+  });
+  return { child, url: `http://127.0.0.1:${port}` };
+}
+
+export interface GatewayProcess {
+  readonly child: Child;
+  readonly url: string;
+  readonly adminUrl: string;
+}
+
+/**
+ * The built gateway (`node dist/main.js`) with a clean environment: only what is set here,
+ * so nothing from the caller's shell (a REDIS_URL, WORKERS, GATEWAY_CONFIG…) changes what is
+ * measured. Its log goes to /dev/null; stderr is kept for error messages.
+ */
+export async function startGateway(env: Record<string, string>): Promise<GatewayProcess> {
+  const [port, adminPort] = [await freePort(), await freePort()];
+  const fullEnv: Record<string, string> = {
+    PATH: process.env.PATH ?? '/usr/bin:/bin',
+    HOME: process.env.HOME ?? '/tmp',
+    ...env,
+    HOST: '127.0.0.1',
+    PORT: String(port),
+    ADMIN_HOST: '127.0.0.1',
+    ADMIN_PORT: String(adminPort),
+  };
+  const child = register('gateway', spawn(process.execPath, ['dist/main.js'], { cwd: REPO_ROOT, env: fullEnv, stdio: ['ignore', 'ignore', 'pipe'] }));
+  const adminUrl = `http://127.0.0.1:${adminPort}`;
+  await waitFor('the gateway', async () => (await fetch(`${adminUrl}/readyz`)).status === 200, child, 15_000);
+  return { child, url: `http://127.0.0.1:${port}`, adminUrl };
+}
+
+/** Clock ticks per second of utime/stime in /proc/<pid>/stat. */
+export function clockTicksPerSecond(): number {
+  try {
+    const value = Number(execFileSync('getconf', ['CLK_TCK'], { encoding: 'utf8' }).trim());
+    return Number.isFinite(value) && value > 0 ? value : 100;
+  } catch {
+    return 100;
+  }
+}
+
+/** utime + stime of a process, in clock ticks. */
+export function cpuTicks(pid: number): number {
+  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+  // The command name (field 2) may contain spaces; the fields after it are plain numbers.
+  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  // Fields 14 and 15 of proc(5), counted from field 3 here.
+  return Number(fields[11]) + Number(fields[12]);
+}
+
+function statusField(pid: number, field: 'VmHWM' | 'VmRSS'): number {
+  const status = readFileSync(`/proc/${pid}/status`, 'utf8');
+  const match = new RegExp(`^${field}:\\s+(\\d+) kB`, 'm').exec(status);
+  return match ? Number(match[1]) / 1024 : Number.NaN;
+}
+
+/** Peak resident set size (VmHWM) of a process, in MB. */
+export function peakRssMB(pid: number): number {
+  return statusField(pid, 'VmHWM');
+}
+
+/** Resident set size now (VmRSS) of a process, in MB. */
+export function rssMB(pid: number): number {
+  return statusField(pid, 'VmRSS');
+}

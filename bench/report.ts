@@ -1,0 +1,224 @@
+import type { CommandCounts } from './counters.js';
+import { SPENT_ROUTE } from './limits.js';
+import type { WorkloadName } from './load.js';
+
+/**
+ * What a run found, as data (written to .bench/last.json) and as the printed table with the
+ * targets of the issue beside the figures.
+ */
+
+export type TargetName = 'direct' | 'bare' | 'gateway';
+export const TARGETS: readonly TargetName[] = ['direct', 'bare', 'gateway'];
+const TARGET_LABEL: Record<TargetName, string> = { direct: 'direct', bare: 'bare proxy', gateway: 'gateway' };
+
+export interface RoundResult {
+  readonly round: number;
+  readonly seconds: number;
+  readonly completed: number;
+  readonly sent: number;
+  readonly reqPerSec: number;
+  readonly p50Ms: number;
+  readonly p99Ms: number;
+  readonly cpuUsPerRequest: number;
+  readonly statusCounts: Record<string, number>;
+  readonly errors: number;
+  readonly timeouts: number;
+}
+
+export interface RedisFigures {
+  /** Requests the figures are divided by: those autocannon sent to the gateway. */
+  readonly requests: number;
+  /** Requests the gateway counted in oapi_gateway_requests_total over the same time. */
+  readonly gatewayCounted: number;
+  readonly commands: CommandCounts;
+  readonly commandsPerRequest: number;
+  readonly roundTripsPerRequest: number;
+  /** oapi_gateway_store_calls_total over the same time, per request. */
+  readonly storeCallsPerRequest: number;
+}
+
+export interface TargetResult {
+  readonly target: TargetName;
+  readonly rounds: RoundResult[];
+  readonly reqPerSec: number;
+  readonly reqPerSecStdev: number;
+  /** Over every response of the measured rounds together. */
+  readonly p50Ms: number;
+  readonly p99Ms: number;
+  /** CPU of the process that answers the client (upstream, bare proxy or gateway) per completed request. */
+  readonly cpuUsPerRequest: number;
+  readonly redis?: RedisFigures;
+}
+
+export interface WorkloadResult {
+  readonly workload: WorkloadName;
+  readonly label: string;
+  readonly targets: Record<TargetName, TargetResult>;
+}
+
+export interface SpentKeyResult {
+  readonly primingStatuses: number[];
+  readonly seconds: number;
+  readonly completed: number;
+  readonly reqPerSec: number;
+  readonly p50Ms: number;
+  readonly p99Ms: number;
+  readonly statusCounts: Record<string, number>;
+  readonly cpuUsPerRequest: number;
+  readonly redis: RedisFigures;
+}
+
+export interface Check {
+  readonly name: string;
+  readonly pass: boolean;
+  readonly detail: string;
+}
+
+export interface BenchResult {
+  readonly startedAt: string;
+  readonly machine: { cpuModel: string; cores: number; totalMemoryMB: number; node: string; os: string; redis: string; loadAverageStart: number[]; loadAverageEnd: number[] };
+  readonly settings: { durationSeconds: number; warmupSeconds: number; rounds: number; connections: number; apiKeys: number; clockTicksPerSecond: number; gatewayEnv: Record<string, string> };
+  readonly workloads: WorkloadResult[];
+  readonly spentKey: SpentKeyResult;
+  readonly gatewayPeakRssMB: number;
+  readonly bareProxyPeakRssMB: number;
+  readonly startRssMB: { gateway: number; bare: number };
+  readonly checks: Check[];
+  readonly problems: string[];
+}
+
+export const LIMITS = {
+  vsBare: 0.9,
+  vsDirect: 0.2,
+  p99VsBare: 1.2,
+  cpuUs: 250,
+  rssMB: 100,
+};
+
+/** The issue's targets, each judged on every workload. */
+export function judge(workloads: readonly WorkloadResult[], spent: SpentKeyResult, peakRssMB: number): Check[] {
+  const checks: Check[] = [];
+  const each = (name: string, test: (w: WorkloadResult) => { pass: boolean; shown: string }): void => {
+    const parts = workloads.map((w) => ({ w, ...test(w) }));
+    checks.push({ name, pass: parts.every((p) => p.pass), detail: parts.map((p) => `${p.w.workload} ${p.shown}`).join(', ') });
+  };
+  each(`gateway req/s ≥ ${LIMITS.vsBare}× bare proxy`, (w) => {
+    const r = w.targets.gateway.reqPerSec / w.targets.bare.reqPerSec;
+    return { pass: r >= LIMITS.vsBare, shown: `${r.toFixed(2)}×` };
+  });
+  each(`gateway req/s ≥ ${LIMITS.vsDirect}× direct`, (w) => {
+    const r = w.targets.gateway.reqPerSec / w.targets.direct.reqPerSec;
+    return { pass: r >= LIMITS.vsDirect, shown: `${r.toFixed(2)}×` };
+  });
+  each(`gateway p99 ≤ ${LIMITS.p99VsBare}× bare proxy p99`, (w) => {
+    const r = w.targets.gateway.p99Ms / w.targets.bare.p99Ms;
+    return { pass: r <= LIMITS.p99VsBare, shown: `${r.toFixed(2)}×` };
+  });
+  each(`gateway CPU ≤ ${LIMITS.cpuUs} µs/request`, (w) => {
+    const us = w.targets.gateway.cpuUsPerRequest;
+    return { pass: us <= LIMITS.cpuUs, shown: `${us.toFixed(0)} µs` };
+  });
+  checks.push({ name: `gateway peak RSS ≤ ${LIMITS.rssMB} MB`, pass: peakRssMB <= LIMITS.rssMB, detail: `${peakRssMB.toFixed(1)} MB` });
+  each('1 Redis round trip per allowed request', (w) => {
+    const rt = w.targets.gateway.redis?.roundTripsPerRequest ?? Number.NaN;
+    // The divisor is requests sent; the few still in flight when a round stops make it inexact by a hair.
+    return { pass: Math.abs(rt - 1) <= 0.01, shown: rt.toFixed(3) };
+  });
+  checks.push({
+    name: '0 Redis round trips for a spent key',
+    pass: spent.redis.roundTripsPerRequest === 0,
+    detail: `${spent.redis.roundTripsPerRequest.toFixed(4)} over ${spent.redis.requests} requests`,
+  });
+  return checks;
+}
+
+function pad(text: string, width: number, right = false): string {
+  return right ? text.padStart(width) : text.padEnd(width);
+}
+
+function fixed(value: number | undefined, digits: number): string {
+  return value === undefined || !Number.isFinite(value) ? '–' : value.toFixed(digits);
+}
+
+function statusSummary(counts: Record<string, number>): string {
+  return Object.entries(counts)
+    .map(([status, n]) => `${status}×${n}`)
+    .join(' ');
+}
+
+export function printReport(result: BenchResult, out: (line: string) => void): void {
+  const { machine, settings } = result;
+  out('');
+  out(`oapi-gateway benchmark, ${result.startedAt}`);
+  out(`machine: ${machine.cpuModel}, ${machine.cores} cores, ${machine.totalMemoryMB} MB, Node ${machine.node}, ${machine.os}, ${machine.redis}`);
+  out(`load average at start ${machine.loadAverageStart.map((l) => l.toFixed(2)).join(' ')}, at end ${machine.loadAverageEnd.map((l) => l.toFixed(2)).join(' ')}`);
+  out(
+    `run: ${settings.rounds} measured rounds of ${settings.durationSeconds} s per target after a ${settings.warmupSeconds} s warm-up round, interleaved direct → bare → gateway; ` +
+      `${settings.connections} connections, ${settings.apiKeys} API keys`,
+  );
+  out(`gateway: node dist/main.js, LOG_LEVEL=${settings.gatewayEnv.LOG_LEVEL} (its log to /dev/null), API_KEY_MODE=${settings.gatewayEnv.API_KEY_MODE}, Redis of its own on loopback`);
+  out('');
+
+  const header = [pad('workload', 8), pad('target', 10), pad('req/s', 8, true), pad('±', 6, true), pad('p50 ms', 7, true), pad('p99 ms', 7, true), pad('×direct', 8, true), pad('×bare', 6, true), pad('CPU µs/req¹', 12, true), pad('Redis cmd/req', 14, true), pad('round trips/req', 16, true)];
+  out(header.join('  '));
+  out('-'.repeat(header.join('  ').length));
+  for (const w of result.workloads) {
+    for (const name of TARGETS) {
+      const t = w.targets[name];
+      const vsDirect = t.reqPerSec / w.targets.direct.reqPerSec;
+      const vsBare = name === 'gateway' ? t.reqPerSec / w.targets.bare.reqPerSec : undefined;
+      out(
+        [
+          pad(name === 'direct' ? w.workload : '', 8),
+          pad(TARGET_LABEL[name], 10),
+          pad(t.reqPerSec.toFixed(0), 8, true),
+          pad(t.reqPerSecStdev.toFixed(0), 6, true),
+          pad(fixed(t.p50Ms, 2), 7, true),
+          pad(fixed(t.p99Ms, 2), 7, true),
+          pad(name === 'direct' ? '1.00' : fixed(vsDirect, 2), 8, true),
+          pad(fixed(vsBare, 2), 6, true),
+          pad(fixed(t.cpuUsPerRequest, 0), 12, true),
+          pad(fixed(t.redis?.commandsPerRequest, 3), 14, true),
+          pad(fixed(t.redis?.roundTripsPerRequest, 3), 16, true),
+        ].join('  '),
+      );
+    }
+  }
+  out('¹ CPU time (utime+stime from /proc) of the process that answers the client: the upstream (direct), the bare proxy (bare), the gateway (gateway).');
+  out('  req/s: mean over the measured rounds (± their standard deviation); p50/p99: over every response of those rounds.');
+  out('');
+
+  out('gateway and Redis, per request sent to the gateway:');
+  for (const w of result.workloads) {
+    const r = w.targets.gateway.redis;
+    if (!r) continue;
+    const perCommand = Object.entries(r.commands)
+      .sort((a, b) => b[1] - a[1])
+      .map(([cmd, n]) => `${cmd} ${(n / r.requests).toFixed(4)}`)
+      .join(', ');
+    out(`  ${pad(w.workload, 6)} ${r.requests} requests; Redis round trips (evalsha+eval) ${r.roundTripsPerRequest.toFixed(4)}, commands ${r.commandsPerRequest.toFixed(4)} [${perCommand}]; oapi_gateway_store_calls_total ${r.storeCallsPerRequest.toFixed(4)}`);
+  }
+  out(
+    `  memory: gateway ${result.startRssMB.gateway.toFixed(1)} MB RSS after start-up, ${result.gatewayPeakRssMB.toFixed(1)} MB peak (VmHWM); ` +
+      `bare proxy ${result.startRssMB.bare.toFixed(1)} MB, ${result.bareProxyPeakRssMB.toFixed(1)} MB peak`,
+  );
+  out('');
+
+  const s = result.spentKey;
+  out(`spent key (${SPENT_ROUTE}, hour window full; priming answers ${s.primingStatuses.join(', ')}):`);
+  out(
+    `  ${s.completed} requests in ${s.seconds.toFixed(1)} s: ${s.reqPerSec.toFixed(0)} req/s, p50 ${fixed(s.p50Ms, 2)} ms, p99 ${fixed(s.p99Ms, 2)} ms, answers ${statusSummary(s.statusCounts)}; ` +
+      `Redis round trips/request ${s.redis.roundTripsPerRequest.toFixed(4)}, commands/request ${s.redis.commandsPerRequest.toFixed(4)}, ` +
+      `store calls/request ${s.redis.storeCallsPerRequest.toFixed(4)}, gateway CPU ${fixed(s.cpuUsPerRequest, 0)} µs/request`,
+  );
+  out('');
+
+  out('targets:');
+  for (const check of result.checks) out(`  [${check.pass ? 'PASS' : 'FAIL'}] ${pad(check.name, 42)} ${check.detail}`);
+  out('');
+  if (result.problems.length === 0) out('problems seen: none');
+  else {
+    out('problems seen:');
+    for (const p of result.problems) out(`  - ${p}`);
+  }
+}
