@@ -1,5 +1,9 @@
-import { LRUCache } from 'lru-cache';
-import { RateLimiterMemory, RateLimiterRedis, RateLimiterRes, type RateLimiterAbstract } from 'rate-limiter-flexible';
+import type { LRUCache } from 'lru-cache';
+import { boundedCache } from '../limits/bounded-cache.js';
+import type { RateLimiterAbstract } from 'rate-limiter-flexible';
+import RateLimiterMemory from 'rate-limiter-flexible/lib/RateLimiterMemory.js';
+import RateLimiterRedis from 'rate-limiter-flexible/lib/RateLimiterRedis.js';
+import RateLimiterRes from 'rate-limiter-flexible/lib/RateLimiterRes.js';
 import type { RedisClient } from '../redis/connection.js';
 
 /**
@@ -23,7 +27,7 @@ export class InvalidKeyGuard {
       ? new RateLimiterRedis({ ...policy, storeClient: options.client, keyPrefix: `${options.prefix}badkey`, insuranceLimiter: memory, rejectIfRedisNotReady: true })
       : memory;
     this.#now = options.now ?? Date.now;
-    this.#blocked = new LRUCache({ max: 100_000 });
+    this.#blocked = boundedCache(100_000);
   }
 
   /** Milliseconds this address stays blocked (0: not blocked). */

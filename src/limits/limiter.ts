@@ -1,4 +1,5 @@
-import { LRUCache } from 'lru-cache';
+import type { LRUCache } from 'lru-cache';
+import { boundedCache } from './bounded-cache.js';
 import type { LimitRow, RowLimits } from '../config/limit-table.js';
 import { StoreUnavailableError, type CounterStore, type Counts, type Usage } from './store.js';
 import { secondsUntil, systemClock, type Clock, type WindowCalendar, type Windows } from './windows.js';
@@ -99,7 +100,7 @@ export class Limiter {
     this.#clock = options.clock ?? systemClock;
     this.#observer = options.observer;
     this.#retryAfterMs = options.retryStoreAfterMs ?? 1000;
-    this.#spent = new LRUCache({ max: options.maxSpentEntries ?? 100_000 });
+    this.#spent = boundedCache(options.maxSpentEntries ?? 100_000);
   }
 
   get failureMode(): FailureMode {

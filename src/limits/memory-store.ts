@@ -1,4 +1,5 @@
-import { LRUCache } from 'lru-cache';
+import type { LRUCache } from 'lru-cache';
+import { boundedCache } from './bounded-cache.js';
 import { countStep, type ConsumeRequest, type CounterStore, type Counts, type Usage, type WindowIds } from './store.js';
 
 /**
@@ -23,13 +24,7 @@ export class MemoryCounterStore implements CounterStore {
 
   constructor(options: { maxCounters?: number; now?: () => number } = {}) {
     this.#now = options.now ?? Date.now;
-    this.#entries = new LRUCache<string, Entry>({
-      max: options.maxCounters ?? DEFAULT_MAX_COUNTERS,
-      ttlAutopurge: false,
-      // Read the (injectable) clock on every check rather than lru-cache's cached "now".
-      ttlResolution: 0,
-      perf: { now: () => this.#now() },
-    });
+    this.#entries = boundedCache(options.maxCounters ?? DEFAULT_MAX_COUNTERS, { now: () => this.#now() });
   }
 
   get size(): number {

@@ -19,8 +19,11 @@ export const HOP_BY_HOP = new Set([
   'proxy-authenticate',
 ]);
 
+const NO_TOKENS: string[] = [];
+
 function connectionTokens(value: string | string[] | undefined): string[] {
-  if (value === undefined) return [];
+  // The usual values name only hop-by-hop fields, which are dropped anyway.
+  if (value === undefined || value === 'keep-alive' || value === 'close' || value === 'Keep-Alive') return NO_TOKENS;
   return (Array.isArray(value) ? value.join(',') : value).split(',').map((t) => t.trim().toLowerCase()).filter(Boolean);
 }
 

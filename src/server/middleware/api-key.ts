@@ -4,6 +4,7 @@ import type { InvalidKeyGuard } from '../../keys/guard.js';
 import type { KeyRegistry } from '../../keys/registry.js';
 import type { GatewayMetrics } from '../../observability/metrics.js';
 import { sha256Hex } from '../../observability/logger.js';
+import { boundedCache } from '../../limits/bounded-cache.js';
 import { answer } from '../answers.js';
 import type { GatewayEnv } from '../context.js';
 
@@ -29,6 +30,13 @@ export interface ApiKeyOptions {
 export function apiKeyAuth(options: ApiKeyOptions): MiddlewareHandler<GatewayEnv> {
   const { registry, guard, metrics, mode, clientAddress } = options;
   const header = options.header.toLowerCase();
+  // Clients send the same key again and again: its hash is computed once.
+  const hashes = boundedCache<string, string>(10_000);
+  const hashOf = (key: string): string => {
+    let hash = hashes.get(key);
+    if (hash === undefined) hashes.set(key, (hash = sha256Hex(key)));
+    return hash;
+  };
   const challenge: [string, string] = ['WWW-Authenticate', `APIKey header="${options.header}"`];
 
   const throttled = (c: Context<GatewayEnv>, ms: number): Response => {
@@ -52,7 +60,7 @@ export function apiKeyAuth(options: ApiKeyOptions): MiddlewareHandler<GatewayEnv
     const key = c.req.header(header) || (c.env?.upgrade ? apiKeyFromQuery(c.env.incoming.url ?? '') : undefined);
     if (!key) return refuse(c, address, 'Missing API key');
     if (key.length > MAX_API_KEY_LENGTH) return refuse(c, address, 'Invalid API key');
-    const keyHash = sha256Hex(key);
+    const keyHash = hashOf(key);
     const issued = registry.lookup(keyHash) ?? (mode === 'registered' ? await registry.resolve(keyHash) : undefined);
     if (!issued && mode === 'registered') return refuse(c, address, 'Invalid API key');
     c.set('client', { keyHash, keyId: issued?.id, plan: issued?.plan });
