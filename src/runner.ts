@@ -232,6 +232,10 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       await new Promise<void>((resolve) => (adminServer ? adminServer.close(() => resolve()) : resolve()));
       adminServer?.closeAllConnections();
       await events.close();
+      if (store instanceof RedisCounterStore) {
+        await store.reconcile();
+        store.close();
+      }
       if (redis) await redis.quit().catch(() => redis?.disconnect());
       logger.info('gateway stopped');
       logger.flush();

@@ -1,3 +1,4 @@
+import { randomBytes } from 'node:crypto';
 import type { Cluster, Redis } from 'ioredis';
 import type { ConsumeRequest, CounterStore, Counts, StoreUnavailableError, Usage, WindowIds } from '../limits/store.js';
 import type { RedisClient } from './connection.js';
@@ -14,11 +15,22 @@ import { toStoreError } from './errors.js';
  * read (on both sides) for the whole batch instead of one per request. (ioredis' own
  * auto-pipelining only joins commands of the same tick, and every connection's request is a
  * tick of its own.) A Cluster pipeline must stay in one slot, so there each script goes alone.
+ *
+ * A script whose answer never arrives (it timed out, or the connection died before the
+ * reply) may or may not have counted; the caller counts the request elsewhere (insurance) or
+ * refuses it (503), so a unit left in Redis would be counted twice. Every consume therefore
+ * carries a receipt: the script records the receipts of its last admissions in the counter
+ * hash itself, and once Redis answers again the store takes back the unit of every receipt it
+ * never heard about — on the same connection, so after the doubtful script if that ever runs.
  */
 
+/** Receipts kept per counter: enough for the requests of one instance in flight on one key and row. */
+const RECEIPTS_KEPT = 8;
+
 // Mirrors countStep() in limits/store.ts: windows only move forward; refuse without writing.
+// ARGV: hourStart, dayStart, hourLimit, dayLimit, expireAt, force, receipt.
 const CONSUME_SCRIPT = `
-local v = redis.call('HMGET', KEYS[1], 'hs', 'hc', 'ds', 'dc')
+local v = redis.call('HMGET', KEYS[1], 'hs', 'hc', 'ds', 'dc', 'rc')
 local hs = tonumber(ARGV[1])
 local ds = tonumber(ARGV[2])
 local hc = 0
@@ -32,22 +44,57 @@ if ARGV[6] ~= '1' and (hc >= tonumber(ARGV[3]) or dc >= tonumber(ARGV[4])) then
 end
 hc = hc + 1
 dc = dc + 1
-redis.call('HSET', KEYS[1], 'hs', hs, 'hc', hc, 'ds', ds, 'dc', dc)
+local rc = ARGV[7] .. ',' .. (v[5] or '')
+local cut = 0
+for _ = 1, ${RECEIPTS_KEPT} do
+  cut = string.find(rc, ',', cut + 1, true)
+  if not cut then break end
+end
+if cut then rc = string.sub(rc, 1, cut) end
+redis.call('HSET', KEYS[1], 'hs', hs, 'hc', hc, 'ds', ds, 'dc', dc, 'rc', rc)
 if dc == 1 then redis.call('PEXPIREAT', KEYS[1], ARGV[5]) end
 return {1, hc, dc}
 `;
 
+// Takes back the unit counted under a receipt, if (and only if) that receipt is recorded.
+// ARGV: receipt, hourStart, dayStart (the windows the request was counted in).
+const UNDO_SCRIPT = `
+local v = redis.call('HMGET', KEYS[1], 'hs', 'hc', 'ds', 'dc', 'rc')
+if not v[5] then return 0 end
+local s, e = string.find(',' .. v[5], ',' .. ARGV[1] .. ',', 1, true)
+if not s then return 0 end
+local rc = string.sub(v[5], 1, s - 1) .. string.sub(v[5], e)
+local hc = tonumber(v[2])
+local dc = tonumber(v[4])
+if tonumber(v[1]) == tonumber(ARGV[2]) and hc > 0 then hc = hc - 1 end
+if tonumber(v[3]) == tonumber(ARGV[3]) and dc > 0 then dc = dc - 1 end
+redis.call('HSET', KEYS[1], 'hc', hc, 'dc', dc, 'rc', rc)
+return 1
+`;
+
 type ConsumeReply = [number, number, number];
+type ConsumeArgs = [key: string, hourStart: number, dayStart: number, hourLimit: number, dayLimit: number, expireAt: number, force: string, receipt: string];
 
 interface Pending {
-  readonly request: ConsumeRequest;
+  readonly args: ConsumeArgs;
   readonly resolve: (counts: Counts) => void;
   readonly reject: (err: StoreUnavailableError) => void;
 }
 
-interface ScriptCommands {
-  oapiConsume(key: string, hourStart: number, dayStart: number, hourLimit: number, dayLimit: number, expireAt: number, force: string): Promise<ConsumeReply>;
+interface InDoubt {
+  readonly key: string;
+  readonly hourStart: number;
+  readonly dayStart: number;
 }
+
+interface ScriptCommands {
+  oapiConsume(...args: ConsumeArgs): Promise<ConsumeReply>;
+  oapiUndo(key: string, receipt: string, hourStart: number, dayStart: number): Promise<number>;
+}
+
+/** Doubtful receipts remembered at most; beyond, the oldest are given up (their unit may stay counted twice). */
+const MAX_IN_DOUBT = 10_000;
+const RECONCILE_EVERY_MS = 500;
 
 function toCounts([allowed, hour, day]: ConsumeReply): Counts {
   return { allowed: allowed === 1, hour, day };
@@ -58,35 +105,54 @@ export class RedisCounterStore implements CounterStore {
   readonly #prefix: string;
   readonly #batching: boolean;
   #batch: Pending[] = [];
+  /** Receipt prefix of this store: receipts of different instances never collide. */
+  readonly #instance = randomBytes(5).toString('base64url');
+  #sequence = 0;
+  readonly #inDoubt = new Map<string, InDoubt>();
+  #reconciling: Promise<void> | undefined;
+  #reconcileTimer: NodeJS.Timeout | undefined;
 
   constructor(client: RedisClient, prefix: string) {
     client.defineCommand('oapiConsume', { numberOfKeys: 1, lua: CONSUME_SCRIPT });
+    client.defineCommand('oapiUndo', { numberOfKeys: 1, lua: UNDO_SCRIPT });
     this.#client = client as RedisClient & ScriptCommands;
     this.#prefix = prefix;
     this.#batching = !(client as Cluster).isCluster;
+    client.on('ready', () => void this.reconcile());
   }
 
   counterKey(keyHash: string, counterId: string): string {
     return `${this.#prefix}c:{${keyHash}}:${counterId}`;
   }
 
-  consume(request: ConsumeRequest): Promise<Counts> {
-    if (!this.#batching) return this.#consumeAlone(request);
+  /** Receipts whose outcome is not known yet. */
+  get inDoubt(): number {
+    return this.#inDoubt.size;
+  }
+
+  consume(r: ConsumeRequest): Promise<Counts> {
+    const args: ConsumeArgs = [
+      this.counterKey(r.keyHash, r.counterId),
+      r.hourStart,
+      r.dayStart,
+      r.hourLimit,
+      r.dayLimit,
+      r.expireAt,
+      r.force ? '1' : '0',
+      this.#instance + (this.#sequence++).toString(36),
+    ];
+    if (!this.#batching) return this.#consumeAlone(args);
     return new Promise((resolve, reject) => {
-      if (this.#batch.push({ request, resolve, reject }) === 1) setImmediate(this.#send);
+      if (this.#batch.push({ args, resolve, reject }) === 1) setImmediate(this.#send);
     });
   }
 
-  async #consumeAlone(r: ConsumeRequest): Promise<Counts> {
+  async #consumeAlone(args: ConsumeArgs): Promise<Counts> {
     try {
-      return toCounts(await this.#client.oapiConsume(...this.#args(r)));
+      return toCounts(await this.#client.oapiConsume(...args));
     } catch (err) {
-      throw toStoreError(err);
+      throw this.#failed(args, err);
     }
-  }
-
-  #args(r: ConsumeRequest): Parameters<ScriptCommands['oapiConsume']> {
-    return [this.counterKey(r.keyHash, r.counterId), r.hourStart, r.dayStart, r.hourLimit, r.dayLimit, r.expireAt, r.force ? '1' : '0'];
   }
 
   readonly #send = (): void => {
@@ -94,27 +160,61 @@ export class RedisCounterStore implements CounterStore {
     this.#batch = [];
     if (batch.length === 1) {
       const [only] = batch as [Pending];
-      this.#consumeAlone(only.request).then(only.resolve, only.reject);
+      this.#consumeAlone(only.args).then(only.resolve, only.reject);
       return;
     }
     const pipeline = (this.#client as Redis).pipeline() as ReturnType<Redis['pipeline']> & ScriptCommands;
-    for (const { request } of batch) void pipeline.oapiConsume(...this.#args(request));
+    for (const { args } of batch) void pipeline.oapiConsume(...args);
     pipeline.exec().then(
       (replies) => {
         batch.forEach((pending, i) => {
           const [err, reply] = replies?.[i] ?? [new Error('missing reply'), null];
-          if (err) pending.reject(toStoreError(err));
+          if (err) pending.reject(this.#failed(pending.args, err));
           else pending.resolve(toCounts(reply as ConsumeReply));
         });
       },
       (err: unknown) => {
-        const failure = toStoreError(err);
-        for (const pending of batch) pending.reject(failure);
+        for (const pending of batch) pending.reject(this.#failed(pending.args, err));
       },
     );
   };
 
+  /** A consume failed: unless Redis refused the script outright, it may have counted. */
+  #failed(args: ConsumeArgs, err: unknown): StoreUnavailableError {
+    const failure = toStoreError(err);
+    if (failure.kind !== 'reply') {
+      const [key, hourStart, dayStart, , , , , receipt] = args;
+      if (this.#inDoubt.size >= MAX_IN_DOUBT) this.#inDoubt.delete(this.#inDoubt.keys().next().value as string);
+      this.#inDoubt.set(receipt, { key, hourStart, dayStart });
+      this.#reconcileTimer ??= setInterval(() => void this.reconcile(), RECONCILE_EVERY_MS).unref();
+    }
+    return failure;
+  }
+
+  /** Takes back the units of doubtful receipts that Redis did count. Safe to call at any time. */
+  reconcile(): Promise<void> {
+    if (this.#inDoubt.size === 0 || this.#client.status !== 'ready') return Promise.resolve();
+    this.#reconciling ??= (async () => {
+      const pending = [...this.#inDoubt];
+      try {
+        // Commands of one connection run in order, so each undo runs after its doubtful consume (if that ever runs).
+        await Promise.all(pending.map(([receipt, d]) => this.#client.oapiUndo(d.key, receipt, d.hourStart, d.dayStart)));
+        for (const [receipt] of pending) this.#inDoubt.delete(receipt);
+        if (this.#inDoubt.size === 0) {
+          clearInterval(this.#reconcileTimer);
+          this.#reconcileTimer = undefined;
+        }
+      } catch {
+        // Redis is away again: the next attempt takes them.
+      } finally {
+        this.#reconciling = undefined;
+      }
+    })();
+    return this.#reconciling;
+  }
+
   async usage(keyHash: string, rows: ReadonlyArray<{ readonly counterId: string } & WindowIds>): Promise<Usage[]> {
+    await this.reconcile();
     try {
       const pipeline = (this.#client as Redis | Cluster).pipeline();
       for (const row of rows) pipeline.hmget(this.counterKey(keyHash, row.counterId), 'hs', 'hc', 'ds', 'dc');
@@ -140,5 +240,9 @@ export class RedisCounterStore implements CounterStore {
     } catch (err) {
       throw toStoreError(err);
     }
+  }
+
+  close(): void {
+    clearInterval(this.#reconcileTimer);
   }
 }

@@ -35,6 +35,8 @@ export function createPublicServer(
       maxHeaderSize: settings.maxHeaderBytes,
       headersTimeout: settings.headersTimeoutMs,
       requestTimeout: settings.requestTimeoutMs,
+      // Node checks both timeouts only this often (30 s by default, far longer than the timeouts themselves).
+      connectionsCheckingInterval: Math.max(50, Math.min(1000, Math.floor(Math.min(settings.headersTimeoutMs, settings.requestTimeoutMs) / 4))),
       keepAliveTimeout: 5000,
     },
     listener,

@@ -22,9 +22,21 @@ describe('RedisCounterStore in Redis', () => {
     const key = store.counterKey('slotcheck', r.counterId);
     expect(key).toBe(`${prefix}c:{slotcheck}:${r.counterId}`);
     const inspect = redisClient();
-    expect(await inspect.hgetall(key)).toEqual({ hs: String(r.hourStart), hc: '1', ds: String(r.dayStart), dc: '1' });
+    const stored = await inspect.hgetall(key);
+    expect(stored).toMatchObject({ hs: String(r.hourStart), hc: '1', ds: String(r.dayStart), dc: '1' });
+    expect(stored.rc).toMatch(/^[A-Za-z0-9_-]+,$/); // the receipt of the admission
     expect(await inspect.pexpiretime(key)).toBe(r.expireAt);
     inspect.disconnect();
+  });
+
+  it('keeps the receipts of the last 8 admissions only, and none of refusals', async () => {
+    const store = new RedisCounterStore(client, prefix);
+    for (let i = 0; i < 20; i++) await store.consume(request({ keyHash: 'receipts', hourLimit: 12, dayLimit: 100 }));
+    const inspect = redisClient();
+    const receipts = (await inspect.hget(store.counterKey('receipts', request().counterId), 'rc')) ?? '';
+    inspect.disconnect();
+    expect(receipts.split(',').filter(Boolean)).toHaveLength(8);
+    expect(receipts.length).toBeLessThan(160);
   });
 
   it('runs one Lua script per consume, reading and writing with two commands', async () => {

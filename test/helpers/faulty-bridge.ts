@@ -1,0 +1,107 @@
+import net from 'node:net';
+
+/**
+ * A bridge that misbehaves on purpose, written on raw sockets so that every byte and every
+ * close is the test's choice. `GET /orders/<mode>` picks the behaviour:
+ *
+ *  - `ok`             a complete 200 (kept alive)
+ *  - `reset-length`   status line, Content-Length 1000, part of the body, then a TCP reset
+ *  - `close-chunked`  status line, chunked, one chunk, then a plain close (FIN) with no last chunk
+ *  - `silent`         reads the request and never answers
+ *  - `stall`          status line, Content-Length 1000, part of the body, then nothing
+ *  - `drop`           closes the connection without a byte
+ *  - `garbage`        answers bytes that are not HTTP
+ *
+ * Every connection is recorded with the paths it carried and whether it is closed.
+ */
+
+export interface BridgeConnection {
+  readonly paths: string[];
+  closed: boolean;
+}
+
+export interface FaultyBridge {
+  readonly url: string;
+  readonly port: number;
+  readonly connections: BridgeConnection[];
+  /** Connections whose last request asked for `mode`. */
+  connectionsFor(mode: string): BridgeConnection[];
+  close(): Promise<void>;
+}
+
+export const OK_BODY = '{"ok":true,"from":"faulty-bridge"}';
+
+export async function startFaultyBridge(): Promise<FaultyBridge> {
+  const connections: BridgeConnection[] = [];
+  const sockets = new Set<net.Socket>();
+  const server = net.createServer((socket) => {
+    const record: BridgeConnection = { paths: [], closed: false };
+    connections.push(record);
+    sockets.add(socket);
+    socket.on('close', () => {
+      record.closed = true;
+      sockets.delete(socket);
+    });
+    socket.on('error', () => {});
+    let buffer = Buffer.alloc(0);
+    let stopped = false;
+    socket.on('data', (chunk: Buffer) => {
+      if (stopped) return;
+      buffer = Buffer.concat([buffer, chunk]);
+      for (;;) {
+        const end = buffer.indexOf('\r\n\r\n');
+        if (end === -1) return;
+        const head = buffer.subarray(0, end).toString('latin1');
+        const length = Number(/\r\ncontent-length:\s*(\d+)/i.exec(head)?.[1] ?? 0);
+        if (buffer.length < end + 4 + length) return;
+        buffer = buffer.subarray(end + 4 + length);
+        const path = head.split(' ')[1] ?? '/';
+        record.paths.push(path);
+        const mode = path.split('?')[0]?.split('/').at(-1) ?? '';
+        if (mode !== 'ok') stopped = true;
+        answer(socket, mode);
+        if (stopped) return;
+      }
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  const port = (server.address() as net.AddressInfo).port;
+  return {
+    url: `http://127.0.0.1:${port}`,
+    port,
+    connections,
+    connectionsFor: (mode) => connections.filter((c) => c.paths.at(-1)?.split('?')[0]?.endsWith('/' + mode)),
+    close: async () => {
+      for (const s of sockets) s.destroy();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+    },
+  };
+}
+
+function answer(socket: net.Socket, mode: string): void {
+  const partialHead = 'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n';
+  switch (mode) {
+    case 'ok':
+      socket.write(`HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: ${OK_BODY.length}\r\n\r\n${OK_BODY}`);
+      return;
+    case 'reset-length':
+      socket.write(partialHead + '{"partial":"', () => setTimeout(() => socket.resetAndDestroy(), 30));
+      return;
+    case 'close-chunked':
+      socket.write('HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nc\r\n{"partial":"\r\n', () => setTimeout(() => socket.end(), 30));
+      return;
+    case 'silent':
+      return;
+    case 'stall':
+      socket.write(partialHead + '{"partial":"');
+      return;
+    case 'drop':
+      socket.destroy();
+      return;
+    case 'garbage':
+      socket.end('THIS IS NOT HTTP\r\n\r\n');
+      return;
+    default:
+      socket.end('HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n');
+  }
+}

@@ -1,0 +1,198 @@
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { startSandboxBridge, type SandboxBridge } from '../../src/sandbox/bridge.js';
+import { DEMO_PASSWORD, DEMO_USERNAME } from '../../src/sandbox/bodies.js';
+import { startTestGateway, type TestGateway } from '../helpers/gateway.js';
+import { expectTwoFields, type Reply } from '../helpers/http.js';
+import { freePort } from '../helpers/redis.js';
+import { attempt, usageOfRow, waitFor } from '../helpers/faults.js';
+import { OK_BODY, startFaultyBridge, type FaultyBridge } from '../helpers/faulty-bridge.js';
+
+/**
+ * Bridges that fail (INTERFACE §5.5, §6 502/504): refused, reset mid-answer, silent, stalled
+ * after the headers, dropped, garbage. Each gets the client a clean 502/504 or a closed
+ * connection (never a wrong 200), every bridge socket of a failed exchange is closed, the
+ * request was counted exactly once, and the next request works.
+ */
+
+const LIMITS = `
+timezone: UTC
+limits:
+  - name: Authentication
+    route: POST /auth/token
+    also: [POST /oapi/auth/gen-secret-key/underlying, POST /oapi/auth/gen-secret-key/derivative]
+    per_hour: 100000
+    per_day: 1000000
+  - { name: Order Status, route: "GET /orders/{id}", per_hour: 100000, per_day: 1000000 }
+`;
+
+const UPSTREAM_TIMEOUT_MS = 300;
+const USAGE_HEADERS = ['x-ratelimit-limit-hour', 'x-ratelimit-remaining-hour', 'x-ratelimit-limit-day', 'x-ratelimit-remaining-day', 'ratelimit-policy', 'ratelimit'];
+
+let bridge: FaultyBridge;
+let fnoPort: number;
+let fno: SandboxBridge | undefined;
+let gw: TestGateway;
+let n = 0;
+const newKey = (): string => `bridge-${Date.now()}-${++n}`;
+
+beforeAll(async () => {
+  bridge = await startFaultyBridge();
+  fnoPort = await freePort(); // nothing listens there (yet): connections are refused
+  gw = await startTestGateway({
+    limits: LIMITS,
+    env: { EQT_BRIDGE_URL: bridge.url, FNO_BRIDGE_URL: `http://127.0.0.1:${fnoPort}`, UPSTREAM_TIMEOUT_MS: String(UPSTREAM_TIMEOUT_MS), LOG_LEVEL: 'warn' },
+  });
+});
+afterAll(async () => {
+  await gw?.stop();
+  await fno?.close();
+  await bridge?.close();
+});
+
+const order = (mode: string, key: string) => attempt(gw.url, { path: `/orders/${mode}`, headers: { 'X-API-Key': key }, agent: false, timeoutMs: 5000 });
+
+function expectGatewayAnswer(reply: Reply | undefined, status: number, error: string): void {
+  expect(reply?.status).toBe(status);
+  expect(reply?.headers['content-type']).toMatch(/^application\/json/);
+  expect(expectTwoFields(reply as Reply).error).toBe(error);
+  // No internal address, port, error code or stack trace.
+  expect(reply?.text).not.toMatch(/127\.0\.0\.1|localhost|:\d{4,5}|E[A-Z]{4,}|at .+\.js/);
+  // A counted request: its answer carries the usage headers (§6).
+  for (const h of USAGE_HEADERS) expect(reply?.headers[h], h).toBeDefined();
+}
+
+/** The next request through the same bridge works, and every request of `key` was counted exactly once. */
+async function expectServingAndCounted(key: string, sent: number): Promise<void> {
+  const next = await order('ok', key);
+  expect(next.error).toBeUndefined();
+  expect(next.reply?.status).toBe(200);
+  expect(next.reply?.text).toBe(OK_BODY);
+  expect((await usageOfRow(gw, key, 'GET /orders/{id}')).hour.used).toBe(sent + 1);
+}
+
+async function expectBridgeSocketsClosed(mode: string): Promise<void> {
+  expect(bridge.connectionsFor(mode).length).toBeGreaterThan(0);
+  await waitFor(`every bridge socket that carried /orders/${mode} to be closed`, () => bridge.connectionsFor(mode).every((c) => c.closed), 2000);
+}
+
+describe('a bridge that refuses connections', () => {
+  it('gets the client a fast, clean 502, counted; the same request works once the bridge listens', async () => {
+    const key = newKey();
+    const login = () =>
+      attempt(gw.url, {
+        method: 'POST',
+        path: '/oapi/auth/gen-secret-key/derivative',
+        headers: { 'X-API-Key': key, 'Content-Type': 'application/json' },
+        body: JSON.stringify({ username: DEMO_USERNAME, password: DEMO_PASSWORD }),
+        agent: false,
+      });
+    const refused = await login();
+    expect(refused.error).toBeUndefined();
+    expectGatewayAnswer(refused.reply, 502, 'Bad Gateway');
+    expect(refused.ms).toBeLessThan(1000);
+
+    fno = await startSandboxBridge('fno', { port: fnoPort });
+    const next = await login();
+    expect(next.reply?.status).toBe(200);
+    expect(Object.keys(next.reply?.json<object>() ?? {}).sort()).toEqual(['access_token', 'expires_in', 'otp_token', 'refresh_token', 'token_type']);
+    expect((await usageOfRow(gw, key, 'POST /auth/token')).hour.used).toBe(2);
+  });
+});
+
+describe('a bridge that breaks off its answer', () => {
+  it('with a reset after the status line and part of a Content-Length body: the client connection is closed, never a 200 body', async () => {
+    const key = newKey();
+    const out = await order('reset-length', key);
+    expect(out.reply).toBeUndefined();
+    expect(out.error).toBeDefined();
+    expect(out.ms).toBeLessThan(2000);
+    await expectBridgeSocketsClosed('reset-length');
+    await expectServingAndCounted(key, 1);
+  });
+
+  it('with a close after one chunk of a chunked body: the client connection is closed, not a complete short 200', async () => {
+    const key = newKey();
+    const out = await order('close-chunked', key);
+    expect(out.reply).toBeUndefined();
+    expect(out.error).toBeDefined();
+    expect(out.ms).toBeLessThan(2000);
+    await expectBridgeSocketsClosed('close-chunked');
+    await expectServingAndCounted(key, 1);
+  });
+
+  it('with a close before any byte: a clean 502', async () => {
+    const key = newKey();
+    const out = await order('drop', key);
+    expect(out.error).toBeUndefined();
+    expectGatewayAnswer(out.reply, 502, 'Bad Gateway');
+    await expectBridgeSocketsClosed('drop');
+    await expectServingAndCounted(key, 1);
+  });
+
+  it('with bytes that are not HTTP: a clean 502, and the socket is not kept', async () => {
+    const key = newKey();
+    const out = await order('garbage', key);
+    expect(out.error).toBeUndefined();
+    expectGatewayAnswer(out.reply, 502, 'Bad Gateway');
+    await expectBridgeSocketsClosed('garbage');
+    await expectServingAndCounted(key, 1);
+  });
+});
+
+describe('a bridge that does not answer in time', () => {
+  it('that never answers: a clean 504 after UPSTREAM_TIMEOUT_MS, and the gateway closes its socket to the bridge', async () => {
+    const key = newKey();
+    const out = await order('silent', key);
+    expect(out.error).toBeUndefined();
+    expectGatewayAnswer(out.reply, 504, 'Gateway Timeout');
+    expect(out.ms).toBeGreaterThanOrEqual(UPSTREAM_TIMEOUT_MS - 20);
+    expect(out.ms).toBeLessThan(UPSTREAM_TIMEOUT_MS + 1000);
+    await expectBridgeSocketsClosed('silent');
+    await expectServingAndCounted(key, 1);
+  });
+
+  it('that sends its headers and then stalls: the client connection is closed after the timeout, and so is the bridge socket', async () => {
+    const key = newKey();
+    const out = await order('stall', key);
+    expect(out.reply).toBeUndefined();
+    expect(out.error).toBeDefined();
+    expect(out.ms).toBeGreaterThanOrEqual(UPSTREAM_TIMEOUT_MS - 20);
+    expect(out.ms).toBeLessThan(UPSTREAM_TIMEOUT_MS + 1500);
+    await expectBridgeSocketsClosed('stall');
+    await expectServingAndCounted(key, 1);
+  });
+});
+
+describe('many failing exchanges at once', () => {
+  it('answers each one right, counts each once, and leaves no bridge socket of a failed exchange open', async () => {
+    const key = newKey();
+    const modes = ['ok', 'silent', 'stall', 'reset-length', 'close-chunked', 'drop', 'garbage'];
+    const plan = Array.from({ length: 35 }, (_, i) => modes[i % modes.length] as string);
+    const outs = await Promise.all(plan.map((mode) => order(mode, key).then((out) => ({ mode, ...out }))));
+    for (const out of outs) {
+      switch (out.mode) {
+        case 'ok':
+          expect(out.reply?.status).toBe(200);
+          expect(out.reply?.text).toBe(OK_BODY);
+          break;
+        case 'silent':
+          expectGatewayAnswer(out.reply, 504, 'Gateway Timeout');
+          break;
+        case 'drop':
+        case 'garbage':
+          expectGatewayAnswer(out.reply, 502, 'Bad Gateway');
+          break;
+        default: // the status line was already passed on: all that is right is a closed connection
+          expect(out.reply, out.mode).toBeUndefined();
+          expect(out.error, out.mode).toBeDefined();
+      }
+      expect(out.ms).toBeLessThan(UPSTREAM_TIMEOUT_MS + 2000);
+    }
+    await waitFor(
+      'every bridge socket of a failed exchange to be closed',
+      () => bridge.connections.every((c) => c.closed || c.paths.at(-1) === '/orders/ok'),
+      2000,
+    );
+    await expectServingAndCounted(key, plan.length);
+  });
+});
