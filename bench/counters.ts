@@ -40,8 +40,11 @@ export function totalCalls(counts: CommandCounts): number {
   return Object.values(counts).reduce((sum, n) => sum + n, 0);
 }
 
-/** Round trips of the request path: the gateway runs one Lua script per counted request. */
-export function roundTrips(counts: CommandCounts): number {
+/**
+ * Lua scripts Redis ran for the counters. One per request when requests come one at a time; on
+ * a single Redis the requests of one event-loop turn share one script call, so fewer under load.
+ */
+export function scriptCalls(counts: CommandCounts): number {
   return (counts.evalsha ?? 0) + (counts.eval ?? 0);
 }
 

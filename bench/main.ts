@@ -57,6 +57,7 @@ async function startEverything(tempDir: string): Promise<Setup> {
   const serversDir = compileServers(tempDir);
   const upstream = await forkServer('upstream', serversDir, 'upstream.js');
   const bare = await forkServer('bare proxy', serversDir, 'bare-proxy.js', [upstream.url]);
+  const stack = await forkServer('stack floor', serversDir, 'stack-floor.js', [upstream.url, REPO_ROOT]);
   const gatewayEnv = {
     REDIS_URL: redisServer.url,
     EQT_BRIDGE_URL: upstream.url,
@@ -69,7 +70,7 @@ async function startEverything(tempDir: string): Promise<Setup> {
   const redis = new Redis(redisServer.url, { maxRetriesPerRequest: 1, lazyConnect: true });
   await redis.connect();
   const startRssMB = { gateway: rssMB(gateway.child.pid), bare: rssMB(bare.child.pid) };
-  return { redis, upstream, bare, gateway, gatewayEnv, ticksPerSecond: clockTicksPerSecond(), startRssMB, problems: [] };
+  return { redis, upstream, bare, stack, gateway, gatewayEnv, ticksPerSecond: clockTicksPerSecond(), startRssMB, problems: [] };
 }
 
 function redisVersion(): string {

@@ -349,7 +349,13 @@ function isEncrypted(incoming: IncomingMessage): boolean {
 
 /** The client's request with a body the gateway already read, for http-proxy to pipe as if it came from the socket. */
 function bufferedRequest(incoming: IncomingMessage, body: Buffer): IncomingMessage {
-  const stream = Readable.from([body], { objectMode: false });
+  // A plain stream that pushes the body once (Readable.from would go through an async iterator).
+  const stream = new Readable({
+    read() {
+      this.push(body);
+      this.push(null);
+    },
+  });
   return Object.assign(stream, {
     method: incoming.method,
     url: incoming.url,

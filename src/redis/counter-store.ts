@@ -10,11 +10,12 @@ import { toStoreError } from './errors.js';
  * (one round trip, atomic). The key's hash tag is the API-key hash, so all rows of one key
  * live in one Redis Cluster slot and a reset or usage read is one round trip too.
  *
- * On a single Redis, the scripts of all requests that arrive in one turn of the event loop
- * go out together, in one pipeline: still one round trip per request, but one write and one
- * read (on both sides) for the whole batch instead of one per request. (ioredis' own
- * auto-pipelining only joins commands of the same tick, and every connection's request is a
- * tick of its own.) A Cluster pipeline must stay in one slot, so there each script goes alone.
+ * On a single Redis, the requests that arrive in one turn of the event loop are counted by one
+ * script call together: each request still waits on exactly one round trip, but the client and
+ * the server handle one command (one write, one read, one reply) per batch instead of one per
+ * request. (ioredis' own auto-pipelining only joins commands of the same tick, and every
+ * connection's request is a tick of its own.) On a Cluster the keys of one script must share a
+ * slot, so there each request's script goes alone.
  *
  * A script whose answer never arrives (it timed out, or the connection died before the
  * reply) may or may not have counted; the caller counts the request elsewhere (insurance) or
@@ -28,32 +29,41 @@ import { toStoreError } from './errors.js';
 const RECEIPTS_KEPT = 8;
 
 // Mirrors countStep() in limits/store.ts: windows only move forward; refuse without writing.
-// ARGV: hourStart, dayStart, hourLimit, dayLimit, expireAt, force, receipt.
+// For each counter key KEYS[i], seven arguments: hourStart, dayStart, hourLimit, dayLimit,
+// expireAt, force, receipt. Answers three numbers per key: allowed, hour count, day count.
 const CONSUME_SCRIPT = `
-local v = redis.call('HMGET', KEYS[1], 'hs', 'hc', 'ds', 'dc', 'rc')
-local hs = tonumber(ARGV[1])
-local ds = tonumber(ARGV[2])
-local hc = 0
-local dc = 0
-local shs = tonumber(v[1])
-local sds = tonumber(v[3])
-if shs and shs >= hs then hs = shs; hc = tonumber(v[2]) end
-if sds and sds >= ds then ds = sds; dc = tonumber(v[4]) end
-if ARGV[6] ~= '1' and (hc >= tonumber(ARGV[3]) or dc >= tonumber(ARGV[4])) then
-  return {0, hc, dc}
+local out = {}
+for i = 1, #KEYS do
+  local a = (i - 1) * 7
+  local v = redis.call('HMGET', KEYS[i], 'hs', 'hc', 'ds', 'dc', 'rc')
+  local hs = tonumber(ARGV[a + 1])
+  local ds = tonumber(ARGV[a + 2])
+  local hc = 0
+  local dc = 0
+  local shs = tonumber(v[1])
+  local sds = tonumber(v[3])
+  if shs and shs >= hs then hs = shs; hc = tonumber(v[2]) end
+  if sds and sds >= ds then ds = sds; dc = tonumber(v[4]) end
+  if ARGV[a + 6] ~= '1' and (hc >= tonumber(ARGV[a + 3]) or dc >= tonumber(ARGV[a + 4])) then
+    out[#out + 1] = 0
+  else
+    hc = hc + 1
+    dc = dc + 1
+    local rc = ARGV[a + 7] .. ',' .. (v[5] or '')
+    local cut = 0
+    for _ = 1, ${RECEIPTS_KEPT} do
+      cut = string.find(rc, ',', cut + 1, true)
+      if not cut then break end
+    end
+    if cut then rc = string.sub(rc, 1, cut) end
+    redis.call('HSET', KEYS[i], 'hs', hs, 'hc', hc, 'ds', ds, 'dc', dc, 'rc', rc)
+    if dc == 1 then redis.call('PEXPIREAT', KEYS[i], ARGV[a + 5]) end
+    out[#out + 1] = 1
+  end
+  out[#out + 1] = hc
+  out[#out + 1] = dc
 end
-hc = hc + 1
-dc = dc + 1
-local rc = ARGV[7] .. ',' .. (v[5] or '')
-local cut = 0
-for _ = 1, ${RECEIPTS_KEPT} do
-  cut = string.find(rc, ',', cut + 1, true)
-  if not cut then break end
-end
-if cut then rc = string.sub(rc, 1, cut) end
-redis.call('HSET', KEYS[1], 'hs', hs, 'hc', hc, 'ds', ds, 'dc', dc, 'rc', rc)
-if dc == 1 then redis.call('PEXPIREAT', KEYS[1], ARGV[5]) end
-return {1, hc, dc}
+return out
 `;
 
 // Takes back the unit counted under a receipt, if (and only if) that receipt is recorded.
@@ -72,7 +82,6 @@ redis.call('HSET', KEYS[1], 'hc', hc, 'dc', dc, 'rc', rc)
 return 1
 `;
 
-type ConsumeReply = [number, number, number];
 type ConsumeArgs = [key: string, hourStart: number, dayStart: number, hourLimit: number, dayLimit: number, expireAt: number, force: string, receipt: string];
 
 interface Pending {
@@ -88,7 +97,10 @@ interface InDoubt {
 }
 
 interface ScriptCommands {
-  oapiConsume(...args: ConsumeArgs): Promise<ConsumeReply>;
+  /** One key and its seven arguments. */
+  oapiConsume(key: string, ...args: Array<string | number>): Promise<number[]>;
+  /** `numberOfKeys`, the keys, then seven arguments per key. */
+  oapiConsumeMany(numberOfKeys: number, ...keysThenArgs: Array<string | number>): Promise<number[]>;
   oapiUndo(key: string, receipt: string, hourStart: number, dayStart: number): Promise<number>;
 }
 
@@ -96,9 +108,6 @@ interface ScriptCommands {
 const MAX_IN_DOUBT = 10_000;
 const RECONCILE_EVERY_MS = 500;
 
-function toCounts([allowed, hour, day]: ConsumeReply): Counts {
-  return { allowed: allowed === 1, hour, day };
-}
 
 export class RedisCounterStore implements CounterStore {
   readonly #client: RedisClient & ScriptCommands;
@@ -113,7 +122,10 @@ export class RedisCounterStore implements CounterStore {
   #reconcileTimer: NodeJS.Timeout | undefined;
 
   constructor(client: RedisClient, prefix: string) {
+    // The same script twice: with one key (ioredis routes it by that key on a Cluster), and
+    // with the number of keys given per call, for a batch.
     client.defineCommand('oapiConsume', { numberOfKeys: 1, lua: CONSUME_SCRIPT });
+    client.defineCommand('oapiConsumeMany', { lua: CONSUME_SCRIPT });
     client.defineCommand('oapiUndo', { numberOfKeys: 1, lua: UNDO_SCRIPT });
     this.#client = client as RedisClient & ScriptCommands;
     this.#prefix = prefix;
@@ -141,43 +153,38 @@ export class RedisCounterStore implements CounterStore {
       r.force ? '1' : '0',
       this.#instance + (this.#sequence++).toString(36),
     ];
-    if (!this.#batching) return this.#consumeAlone(args);
     return new Promise((resolve, reject) => {
-      if (this.#batch.push({ args, resolve, reject }) === 1) setImmediate(this.#send);
+      const pending: Pending = { args, resolve, reject };
+      if (!this.#batching) this.#run([pending]);
+      else if (this.#batch.push(pending) === 1) setImmediate(this.#send);
     });
-  }
-
-  async #consumeAlone(args: ConsumeArgs): Promise<Counts> {
-    try {
-      return toCounts(await this.#client.oapiConsume(...args));
-    } catch (err) {
-      throw this.#failed(args, err);
-    }
   }
 
   readonly #send = (): void => {
     const batch = this.#batch;
     this.#batch = [];
+    this.#run(batch);
+  };
+
+  /** One script call for the whole batch: its keys, then the arguments of each key in turn. */
+  #run(batch: readonly Pending[]): void {
+    let reply: Promise<number[]>;
     if (batch.length === 1) {
-      const [only] = batch as [Pending];
-      this.#consumeAlone(only.args).then(only.resolve, only.reject);
-      return;
+      reply = this.#client.oapiConsume(...(batch[0] as Pending).args);
+    } else {
+      const keysThenArgs: Array<string | number> = batch.map((p) => p.args[0]);
+      for (const { args } of batch) keysThenArgs.push(args[1], args[2], args[3], args[4], args[5], args[6], args[7]);
+      reply = this.#client.oapiConsumeMany(batch.length, ...keysThenArgs);
     }
-    const pipeline = (this.#client as Redis).pipeline() as ReturnType<Redis['pipeline']> & ScriptCommands;
-    for (const { args } of batch) void pipeline.oapiConsume(...args);
-    pipeline.exec().then(
-      (replies) => {
-        batch.forEach((pending, i) => {
-          const [err, reply] = replies?.[i] ?? [new Error('missing reply'), null];
-          if (err) pending.reject(this.#failed(pending.args, err));
-          else pending.resolve(toCounts(reply as ConsumeReply));
-        });
+    reply.then(
+      (reply) => {
+        batch.forEach((pending, i) => pending.resolve({ allowed: reply[i * 3] === 1, hour: reply[i * 3 + 1] as number, day: reply[i * 3 + 2] as number }));
       },
       (err: unknown) => {
         for (const pending of batch) pending.reject(this.#failed(pending.args, err));
       },
     );
-  };
+  }
 
   /** A consume failed: unless Redis refused the script outright, it may have counted. */
   #failed(args: ConsumeArgs, err: unknown): StoreUnavailableError {

@@ -7,6 +7,7 @@ import { sha256Hex } from '../../observability/logger.js';
 import { boundedCache } from '../../limits/bounded-cache.js';
 import { answer } from '../answers.js';
 import type { GatewayEnv } from '../context.js';
+import { requestHeader } from '../request-header.js';
 
 /**
  * Step 1 of INTERFACE §5: the API key. Only its SHA-256 hash travels further. In `registered`
@@ -57,7 +58,7 @@ export function apiKeyAuth(options: ApiKeyOptions): MiddlewareHandler<GatewayEnv
     if (blockedMs > 0) return throttled(c, blockedMs);
 
     // Browsers cannot set headers on a WebSocket upgrade: there, and only there, the key may be a query parameter.
-    const key = c.req.header(header) || (c.env?.upgrade ? apiKeyFromQuery(c.env.incoming.url ?? '') : undefined);
+    const key = requestHeader(c, header) || (c.env?.upgrade ? apiKeyFromQuery(c.env.incoming.url ?? '') : undefined);
     if (!key) return refuse(c, address, 'Missing API key');
     if (key.length > MAX_API_KEY_LENGTH) return refuse(c, address, 'Invalid API key');
     const keyHash = hashOf(key);

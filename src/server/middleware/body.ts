@@ -2,6 +2,7 @@ import type { IncomingMessage } from 'node:http';
 import type { Context, MiddlewareHandler } from 'hono';
 import { answer } from '../answers.js';
 import type { GatewayEnv } from '../context.js';
+import { requestHeader } from '../request-header.js';
 
 /**
  * Step 4 of INTERFACE §5, after counting: the body. Any body longer than `maxBodyBytes` is
@@ -27,11 +28,11 @@ export function bodyRules(options: BodyOptions): MiddlewareHandler<GatewayEnv> {
   const tooLarge = (c: Context<GatewayEnv>): Response => answer(c, 413, `Request body is larger than ${maxBodyBytes} bytes`, [['Connection', 'close']]);
 
   return async function bodyRules(c, next) {
-    const length = c.req.header('content-length');
+    const length = requestHeader(c, 'content-length');
     if (length !== undefined && Number(length) > maxBodyBytes) return tooLarge(c);
 
     if (credentialRoutes.has(c.get('endpoint').route.key)) {
-      if (!isJsonMediaType(c.req.header('content-type'))) return answer(c, 415, 'Content-Type must be application/json');
+      if (!isJsonMediaType(requestHeader(c, 'content-type'))) return answer(c, 415, 'Content-Type must be application/json');
       const body = await readBody(c, Math.min(maxBodyBytes, MAX_CREDENTIALS_BYTES));
       if (body === 'too-large') return maxBodyBytes <= MAX_CREDENTIALS_BYTES ? tooLarge(c) : answer(c, 400, 'Credentials body is too large', [['Connection', 'close']]);
       if (body === 'aborted') return answer(c, 400, 'Request body was not received');
