@@ -59,12 +59,11 @@ export function renderTable(table: LimitTable, file: string): string {
     for (const also of row.also) out += ' '.repeat((widths[0] as number) + (widths[1] as number) + 4) + `+ ${also.text}\n`;
   }
   for (const plan of table.plans.values()) {
-    const changed = table.rows.filter((row) => limitsFor(table, row, plan.name) !== row.limits && (limitsFor(table, row, plan.name).perHour !== row.limits.perHour || limitsFor(table, row, plan.name).perDay !== row.limits.perDay));
+    const changed = table.rows
+      .map((row) => ({ row, limits: limitsFor(table, row, plan.name) }))
+      .filter(({ row, limits }) => limits.perHour !== row.limits.perHour || limits.perDay !== row.limits.perDay);
     out += `\nplan ${plan.name}: ${changed.length} of ${table.rows.length} rows differ from the table\n`;
-    for (const row of changed) {
-      const limits = limitsFor(table, row, plan.name);
-      out += `  ${row.route.text}: per_hour ${limits.perHour}, per_day ${limits.perDay}\n`;
-    }
+    for (const { row, limits } of changed) out += `  ${row.route.text}: per_hour ${limits.perHour}, per_day ${limits.perDay}\n`;
   }
   return out;
 }

@@ -12,6 +12,10 @@ import { startGateway, StartupError } from './runner.js';
 
 type ClusterMessage = { readonly type: 'oapi:reload' } | { readonly type: 'oapi:shutdown' };
 
+/** A worker that lived this long died of something else than its start-up. */
+const WORKER_STEADY_MS = 30_000;
+const MAX_RESTART_DELAY_MS = 30_000;
+
 export async function runCluster(settings: Settings): Promise<void> {
   if (cluster.isPrimary) await runPrimary(settings);
   else await runWorker(settings);
@@ -27,18 +31,29 @@ async function runPrimary(settings: Settings): Promise<void> {
     throw err;
   });
   let stopping = false;
-  const fork = (): Worker => cluster.fork();
+  const startedAt = new Map<number, number>();
+  let quickDeaths = 0;
+  const fork = (): void => {
+    if (stopping) return;
+    const worker: Worker = cluster.fork();
+    startedAt.set(worker.id, Date.now());
+  };
   for (let i = 0; i < settings.workers; i++) fork();
   cluster.on('exit', (worker, code, signal) => {
     if (stopping) return;
-    primary.logger.error({ worker: worker.process.pid, code, signal }, 'worker died; starting another');
-    fork();
+    // A worker that dies soon after it started (it cannot start while the file is invalid, say)
+    // is restarted with a growing delay, not in a tight loop.
+    const lived = Date.now() - (startedAt.get(worker.id) ?? 0);
+    startedAt.delete(worker.id);
+    quickDeaths = lived < WORKER_STEADY_MS ? quickDeaths + 1 : 0;
+    const delay = quickDeaths === 0 ? 0 : Math.min(MAX_RESTART_DELAY_MS, 500 * 2 ** (quickDeaths - 1));
+    primary.logger.error({ worker: worker.process.pid, code, signal, restartInMs: delay }, 'worker died; starting another');
+    setTimeout(fork, delay).unref();
   });
   const broadcast = (message: ClusterMessage): void => {
     for (const worker of Object.values(cluster.workers ?? {})) worker?.send(message);
   };
-  // The primary's table serves /admin/limits; each worker reloads its own from the same file.
-  primary.tables.onChange(() => broadcast({ type: 'oapi:reload' }));
+  // Each worker watches the file itself; a SIGHUP to the primary reaches them as a message.
   process.on('SIGHUP', () => {
     void primary.reload('signal');
     broadcast({ type: 'oapi:reload' });
@@ -65,7 +80,13 @@ async function runPrimary(settings: Settings): Promise<void> {
 }
 
 async function runWorker(settings: Settings): Promise<void> {
-  const worker = await startGateway({ settings, admin: false });
+  const worker = await startGateway({ settings, admin: false }).catch((err: unknown) => {
+    if (err instanceof StartupError) {
+      process.stderr.write(`oapi-gateway: a worker cannot start:\n${err.message}\n`);
+      process.exit(1);
+    }
+    throw err;
+  });
   // Constructing one installs prom-client's listener that answers the primary's metric requests.
   new AggregatorRegistry();
   AggregatorRegistry.setRegistries([worker.metrics.registry]);
@@ -73,7 +94,8 @@ async function runWorker(settings: Settings): Promise<void> {
     if (message?.type === 'oapi:reload') void worker.reload('signal');
     else if (message?.type === 'oapi:shutdown') void worker.stop().then(() => process.exit(0));
   });
-  // The primary decides when to stop; a signal sent to the whole process group is left to it.
+  // The primary decides when to stop and when to reload; a signal sent to the whole process group is left to it.
   process.on('SIGTERM', () => {});
   process.on('SIGINT', () => {});
+  process.on('SIGHUP', () => {});
 }

@@ -140,7 +140,7 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
   registry.startPolling(ISSUED_KEYS_POLL_MS);
 
   events.subscribe((event) => {
-    if (event.type === 'usage-reset') limiter.forgetKey(event.keyHash);
+    if (event.type === 'usage-reset') void limiter.forgetKey(event.keyHash, tables.current()?.rows ?? []);
     else if (event.type === 'keys-changed') void registry.refresh().catch(() => {});
     else {
       // Messages may have been lost while the subscription was down.

@@ -1,6 +1,6 @@
 import { watch, type FSWatcher } from 'node:fs';
 import { stat } from 'node:fs/promises';
-import { dirname } from 'node:path';
+import { basename, dirname } from 'node:path';
 
 /**
  * Calls `onChange` soon after a file changes on disk, however it was changed: written in
@@ -41,8 +41,12 @@ export function watchFile(path: string, onChange: () => void, options: { pollMs?
 
   let watcher: FSWatcher | undefined;
   try {
-    // Any entry of the directory may lead to the file (a ConfigMap swaps "..data", not the file).
-    watcher = watch(dirname(path), { persistent: false }, fire);
+    const name = basename(path);
+    // The file itself, or a ConfigMap's "..data" / "..<timestamp>" entries that lead to it;
+    // other files of the directory (a log written next to it) are none of its business.
+    watcher = watch(dirname(path), { persistent: false }, (_event, filename) => {
+      if (filename === null || filename === name || String(filename).startsWith('..')) fire();
+    });
     watcher.on('error', () => watcher?.close());
   } catch {
     watcher = undefined; // polling alone

@@ -204,7 +204,7 @@ export function loadSettings(options: LoadOptions = {}): Settings {
         if (raw === null || raw === undefined) continue; // `key:` with no value keeps the default
         if (typeof raw !== 'string' && typeof raw !== 'number' && typeof raw !== 'boolean') fail(value, `${key}: expected a value, got ${describe(value)}`);
         const parsed = field.parse(raw as Raw);
-        if (isError(parsed)) fail(value, `${key} ${parsed.error}`);
+        if (isError(parsed)) fail(value, `${key} ${withoutSecrets(field.env, parsed.error)}`);
         (values as Record<string, unknown>)[name] = parsed;
       }
     }
@@ -216,7 +216,7 @@ export function loadSettings(options: LoadOptions = {}): Settings {
     const raw = env[field.env];
     if (raw === undefined || raw === '') continue;
     const parsed = field.parse(raw);
-    if (isError(parsed)) throw new SettingsError(`${field.env}=${shown(field.env, raw)}: ${parsed.error.replace(`, got "${raw}"`, '')}`);
+    if (isError(parsed)) throw new SettingsError(`${field.env}=${shown(field.env, raw)}: ${withoutSecrets(field.env, parsed.error.replace(`, got "${raw}"`, ''))}`);
     (values as Record<string, unknown>)[name] = parsed;
   }
 
@@ -315,11 +315,21 @@ function isError(value: unknown): value is { error: string } {
   return typeof value === 'object' && value !== null && 'error' in value && !(value instanceof URL) && !Array.isArray(value);
 }
 
-/** Secrets are never echoed back in an error line. */
+const SECRET_SETTINGS = new Set(['ADMIN_TOKEN', 'REDIS_URL']);
+
+/** Secrets are never echoed back in an error line: not a token, not the credentials of a URL. */
 function shown(env: string, raw: string): string {
   if (env === 'ADMIN_TOKEN') return '…';
-  if (env === 'REDIS_URL') return raw.replace(/\/\/[^@/]*@/, '//…@');
-  return raw.length > 80 ? raw.slice(0, 77) + '…' : raw;
+  const masked = maskCredentials(raw);
+  return masked.length > 80 ? masked.slice(0, 77) + '…' : masked;
+}
+
+function withoutSecrets(env: string, message: string): string {
+  return SECRET_SETTINGS.has(env) ? message.replace(/, got ".*"$/s, '') : maskCredentials(message);
+}
+
+function maskCredentials(text: string): string {
+  return text.replace(/\/\/[^@/\s"]*@/g, '//…@');
 }
 
 export function bridgeFor(settings: Pick<Settings, 'routing'>, route: Route): BridgeName {

@@ -24,6 +24,8 @@ export class TableHolder {
   readonly #metrics: GatewayMetrics;
   readonly #listeners: Array<(table: LimitTable, previous: LimitTable | undefined) => void> = [];
   #current: LimitTable | undefined;
+  /** Content of the last refused file: a watcher firing again for it says nothing new. */
+  #refusedContent: string | undefined;
   #queue: Promise<unknown> = Promise.resolve();
   #watch: FileWatch | undefined;
 
@@ -60,13 +62,20 @@ export class TableHolder {
   async #load(trigger: ReloadTrigger): Promise<ReloadResult> {
     const result = await readLimitsFile(this.path, this.displayName);
     if (!result.ok) {
+      const content = result.errors.map(formatSourceError).join('\n');
+      if (trigger === 'file' && content === this.#refusedContent) return result;
+      this.#refusedContent = content;
       this.#metrics.reloads.labels('invalid').inc();
       this.#logger.error({ trigger, file: this.displayName, errors: result.errors.map(formatSourceError) }, this.#current ? 'limit table refused; the table in force stays' : 'limit table refused');
       return result;
     }
+    this.#refusedContent = undefined;
     const previous = this.#current;
     if (previous && previous.hash === result.table.hash) {
-      if (trigger !== 'file') this.#metrics.reloads.labels('unchanged').inc();
+      if (trigger !== 'file') {
+        this.#metrics.reloads.labels('unchanged').inc();
+        this.#logger.info({ trigger, file: this.displayName, hash: previous.hash }, 'limit table unchanged');
+      }
       return { ok: true, table: previous, changed: false };
     }
     this.#current = result.table;

@@ -1,4 +1,3 @@
-import type { RowLimits } from '../config/limit-table.js';
 import { retryAfterSeconds, type Decision } from './limiter.js';
 import { secondsUntil } from './windows.js';
 
@@ -15,26 +14,14 @@ type CountedDecision = Extract<Decision, { kind: 'counted' }>;
 const DAY_SECONDS = 86_400;
 const HOUR_SECONDS = 3_600;
 
-// The policy text depends only on the numbers; tables and plans reuse the same RowLimits objects.
-const policies = new WeakMap<RowLimits, string>();
-
-function policyOf(limits: RowLimits): string {
-  let policy = policies.get(limits);
-  if (policy === undefined) {
-    policy = `"hour";q=${limits.perHour};w=${HOUR_SECONDS}, "day";q=${limits.perDay};w=${DAY_SECONDS}`;
-    policies.set(limits, policy);
-  }
-  return policy;
-}
-
-export function rateLimitHeaders(decision: CountedDecision, limits: RowLimits, now: number): HeaderList {
+export function rateLimitHeaders(decision: CountedDecision, now: number): HeaderList {
   const { hour, day } = decision;
   return [
     ['X-RateLimit-Limit-Hour', String(hour.limit)],
     ['X-RateLimit-Remaining-Hour', String(hour.remaining)],
     ['X-RateLimit-Limit-Day', String(day.limit)],
     ['X-RateLimit-Remaining-Day', String(day.remaining)],
-    ['RateLimit-Policy', policyOf(limits)],
+    ['RateLimit-Policy', `"hour";q=${hour.limit};w=${HOUR_SECONDS}, "day";q=${day.limit};w=${DAY_SECONDS}`],
     ['RateLimit', `"hour";r=${hour.remaining};t=${secondsUntil(hour.resetAt, now)}, "day";r=${day.remaining};t=${secondsUntil(day.resetAt, now)}`],
   ];
 }

@@ -70,6 +70,8 @@ export interface LimiterOptions {
 
 /** A (key, row) pair known to be spent until `until`: refused without asking the store. */
 interface SpentEntry {
+  /** The numbers it was spent against: a key whose plan changed is asked about again. */
+  readonly limits: RowLimits;
   readonly until: number;
   readonly hourStart: number;
   readonly hourUsed: number;
@@ -120,7 +122,7 @@ export class Limiter {
 
     if (!row.shadow) {
       const known = this.#spent.get(spentKey);
-      if (known && now < known.until) {
+      if (known && now < known.until && known.limits === limits) {
         const hourUsed = known.hourStart === windows.hourStart ? known.hourUsed : 0;
         return decide(false, hourUsed, known.dayUsed, limits, windows, 'cache', false, now);
       }
@@ -137,21 +139,10 @@ export class Limiter {
       force: row.shadow,
     };
 
-    let counts: Counts;
-    let source: 'store' | 'insurance' = 'store';
     const generation = this.#generation;
-    if (now >= this.#storeDownUntil) {
-      try {
-        this.#observer?.storeCall();
-        counts = await this.#store.consume(consume);
-      } catch (err) {
-        if (!(err instanceof StoreUnavailableError)) throw err;
-        this.#storeFailed(err);
-        const fallback = await this.#fallback(consume);
-        if (fallback.kind !== 'counted') return fallback;
-        ({ counts, source } = fallback);
-      }
-    } else {
+    let counts = now >= this.#storeDownUntil ? await this.#fromStore(consume) : undefined;
+    let source: 'store' | 'insurance' = 'store';
+    if (!counts) {
       const fallback = await this.#fallback(consume);
       if (fallback.kind !== 'counted') return fallback;
       ({ counts, source } = fallback);
@@ -161,7 +152,7 @@ export class Limiter {
     if (!counts.allowed && source === 'store' && generation === this.#generation && decision.kind === 'counted') {
       // Counters only grow until their window ends, so the pair stays spent until then on every instance.
       const until = Math.max(decision.spent !== 'day' ? windows.hourEnd : 0, decision.spent !== 'hour' ? windows.dayEnd : 0);
-      this.#spent.set(spentKey, { until, hourStart: windows.hourStart, hourUsed: counts.hour, dayUsed: counts.day }, { ttl: until - now });
+      this.#spent.set(spentKey, { limits, until, hourStart: windows.hourStart, hourUsed: counts.hour, dayUsed: counts.day }, { ttl: until - now });
     }
     return decision;
   }
@@ -175,22 +166,33 @@ export class Limiter {
 
   /** Drops a key's counters on the given rows, in the store and in this instance's memory. */
   async reset(keyHash: string, rows: readonly LimitRow[]): Promise<void> {
-    const ids = rows.map((row) => row.counterId);
-    this.forgetKey(keyHash);
-    await this.#insurance?.reset(keyHash, ids);
-    await this.#store.reset(keyHash, ids);
+    await this.forgetKey(keyHash, rows);
+    await this.#store.reset(keyHash, rows.map((row) => row.counterId));
   }
 
-  /** Forgets remembered refusals of one key (its counters were reset, or its plan changed). */
-  forgetKey(keyHash: string): void {
+  /** Forgets what this instance holds of a key: remembered refusals and insurance counters (its counters were reset elsewhere). */
+  async forgetKey(keyHash: string, rows: readonly LimitRow[]): Promise<void> {
     this.#generation++;
     for (const key of this.#spent.keys()) if (key.startsWith(keyHash + ':')) this.#spent.delete(key);
+    await this.#insurance?.reset(keyHash, rows.map((row) => row.counterId));
   }
 
   /** Forgets every remembered refusal (the table changed: a window may have room now). */
   forgetAll(): void {
     this.#generation++;
     this.#spent.clear();
+  }
+
+  /** The store's answer, or undefined when it could not give one (then it is skipped for a while). */
+  async #fromStore(consume: Parameters<CounterStore['consume']>[0]): Promise<Counts | undefined> {
+    try {
+      this.#observer?.storeCall();
+      return await this.#store.consume(consume);
+    } catch (err) {
+      if (!(err instanceof StoreUnavailableError)) throw err;
+      this.#storeFailed(err);
+      return undefined;
+    }
   }
 
   #storeFailed(err: StoreUnavailableError): void {

@@ -31,13 +31,13 @@ export interface ForwardRequest {
   readonly answerHeaders: HeaderList;
 }
 
-export type ForwardOutcome = 'answered' | 'unreachable' | 'timeout' | 'too-large' | 'broken' | 'client-gone';
+type ForwardOutcome = 'answered' | 'unreachable' | 'timeout' | 'too-large' | 'broken' | 'client-gone';
 
 export interface ForwardResult {
+  /** What the client got (499: it left first). */
   readonly status: number;
   /** Milliseconds until the bridge's status line (absent when it never came). */
   readonly upstreamMs: number | undefined;
-  readonly outcome: ForwardOutcome;
 }
 
 export interface UpgradeRequest {
@@ -50,7 +50,7 @@ export interface UpgradeRequest {
   readonly clientAddress: string;
   /** Added to the 101 and to a 502/504 the forwarder writes. */
   readonly answerHeaders: HeaderList;
-  /** Called when the bridge accepted the upgrade, as the two sockets are joined. */
+  /** Called once the bridge accepted the upgrade and the two sockets are joined, before a byte flows between them. */
   readonly onOpen: (client: Duplex, bridge: Socket) => void;
   readonly onDone: (status: number) => void;
 }
@@ -79,6 +79,8 @@ const UPGRADE = Symbol('oapi.upgrade');
 type Tagged = IncomingMessage & { [EXCHANGE]?: Exchange; [UPGRADE]?: UpgradeExchange };
 
 const RETRYABLE = new Set(['GET', 'HEAD']);
+/** Logged as the status of a request whose client left before its answer (nginx's convention). */
+const CLIENT_GONE = 499;
 
 export interface ForwarderOptions {
   readonly bridges: Readonly<Record<BridgeName, URL>>;
@@ -88,6 +90,8 @@ export interface ForwarderOptions {
 
 export class Forwarder {
   readonly #proxies = new Map<BridgeName, RequestHandler>();
+  /** Accepted upgrades between the bridge's 101 and http-proxy joining the sockets. */
+  readonly #joining = new WeakMap<Socket, UpgradeExchange>();
   readonly #agents: Array<http.Agent>;
   readonly #timeoutMs: number;
   readonly #onError: NonNullable<ForwarderOptions['onError']>;
@@ -109,6 +113,11 @@ export class Forwarder {
   forward(request: ForwardRequest): Promise<ForwardResult> {
     return new Promise((resolve) => {
       const { incoming, outgoing } = request;
+      // The client left while its request was checked: nothing goes to the bridge.
+      if (outgoing.destroyed || incoming.socket.destroyed) {
+        resolve({ status: CLIENT_GONE, upstreamMs: undefined });
+        return;
+      }
       const exchange: Exchange = {
         request,
         started: performance.now(),
@@ -126,7 +135,7 @@ export class Forwarder {
           exchange.outcome ??= 'client-gone';
           exchange.proxyReq?.destroy();
         }
-        resolve({ status: exchange.status ?? outgoing.statusCode, upstreamMs: exchange.upstreamMs, outcome: exchange.outcome ?? 'answered' });
+        resolve({ status: exchange.outcome === 'client-gone' ? CLIENT_GONE : (exchange.status ?? outgoing.statusCode), upstreamMs: exchange.upstreamMs });
       });
 
       prepareRequestHeaders(incoming.headers, {
@@ -143,6 +152,10 @@ export class Forwarder {
   /** Hands an accepted WebSocket upgrade to the bridge (INTERFACE §8); frames then flow both ways. */
   upgrade(request: UpgradeRequest): void {
     const { incoming, socket } = request;
+    if (socket.destroyed) {
+      request.onDone(CLIENT_GONE);
+      return;
+    }
     const exchange: UpgradeExchange = {
       request,
       settled: false,
@@ -155,7 +168,7 @@ export class Forwarder {
       if (!exchange.settled) {
         exchange.settled = true;
         exchange.proxyReq?.destroy();
-        request.onDone(499);
+        request.onDone(CLIENT_GONE);
       }
     });
     prepareRequestHeaders(incoming.headers, {
@@ -187,6 +200,8 @@ export class Forwarder {
 
   #createProxy(bridge: BridgeName, url: URL, agent: http.Agent): RequestHandler {
     const hostname = url.hostname.replace(/^\[(.*)\]$/, '$1');
+    // The bridge's base path, to which the normalised path is appended.
+    const basePath = url.pathname.replace(/\/+$/, '');
     // A pre-parsed target spares http-proxy a URL parse per request.
     const target = { protocol: url.protocol, host: url.hostname, hostname, port: url.port || (url.protocol === 'https:' ? '443' : '80'), path: url.pathname === '/' ? '' : url.pathname };
     return createProxyMiddleware<IncomingMessage, ServerResponse>({
@@ -207,6 +222,9 @@ export class Forwarder {
             return;
           }
           exchange.proxyReq = proxyReq;
+          // Exactly the path that was counted: http-proxy's own join rewrites "http:/" inside a path.
+          // (This event comes before the request head is written.)
+          proxyReq.path = basePath + exchange.request.target;
         },
         proxyRes: (proxyRes, req, res) => this.#answer((req as Tagged)[EXCHANGE], proxyRes, res),
         error: (err, req, res) => {
@@ -220,18 +238,26 @@ export class Forwarder {
           if (exchange) this.#failed(exchange, err);
           else if (res && 'destroy' in res) (res as Duplex).destroy();
         },
+        // Emitted by http-proxy right after it piped the two sockets, before any byte flows.
+        open: (bridgeSocket: Socket) => {
+          const upgrade = this.#joining.get(bridgeSocket);
+          if (!upgrade) return;
+          this.#joining.delete(bridgeSocket);
+          upgrade.request.onOpen(upgrade.request.socket, bridgeSocket);
+        },
         proxyReqWs: (proxyReq, req) => {
           const upgrade = (req as Tagged)[UPGRADE];
           if (!upgrade) return;
           upgrade.proxyReq = proxyReq;
+          proxyReq.path = basePath + upgrade.request.target;
           proxyReq.once('upgrade', (res: IncomingMessage, bridgeSocket: Socket) => {
             // http-proxy writes the 101 from res.headers right after this listener.
             for (const [name, value] of upgrade.request.answerHeaders) res.headers[name.toLowerCase()] = value;
             upgrade.settled = true;
             clearTimeout(upgrade.timer);
-            // http-proxy joins the sockets right after this listener, in the same tick: anyone
-            // watching the streams must start watching now, before a byte flows.
-            upgrade.request.onOpen(upgrade.request.socket, bridgeSocket);
+            // Watching the sockets must wait for http-proxy's pipes ('open'): a reader attached
+            // now would take the frames the bridge sent along with its 101 before the client's pipe exists.
+            this.#joining.set(bridgeSocket, upgrade);
             upgrade.request.onDone(101);
           });
           proxyReq.once('response', (res: IncomingMessage) => {
@@ -301,13 +327,13 @@ export class Forwarder {
 
   #write(exchange: Exchange, status: number, message: string, extra: HeaderList = []): void {
     clearTimeout(exchange.timer);
-    const { outgoing, answerHeaders, requestId } = exchange.request;
+    const { outgoing, answerHeaders } = exchange.request;
     if (outgoing.headersSent || outgoing.destroyed) {
       outgoing.destroy();
       return;
     }
     exchange.status = status;
-    writeAnswer(outgoing, status, message, [...answerHeaders, ['X-Request-Id', requestId], ...extra]);
+    writeAnswer(outgoing, status, message, [...answerHeaders, ...extra]);
   }
 
   /** Streams a body without a length, cutting it off at `maxBodyBytes` instead of buffering it. */

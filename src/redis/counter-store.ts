@@ -13,101 +13,120 @@ import { toStoreError } from './errors.js';
  * On a single Redis, the requests that arrive in one turn of the event loop are counted by one
  * script call together: each request still waits on exactly one round trip, but the client and
  * the server handle one command (one write, one read, one reply) per batch instead of one per
- * request. (ioredis' own auto-pipelining only joins commands of the same tick, and every
- * connection's request is a tick of its own.) On a Cluster the keys of one script must share a
- * slot, so there each request's script goes alone.
+ * request, and each counter of the batch is read and written once. (ioredis' own
+ * auto-pipelining only joins commands of the same tick, and every connection's request is a
+ * tick of its own.) On a Cluster the keys of one script must share a slot, so there each
+ * request's script goes alone.
  *
- * A script whose answer never arrives (it timed out, or the connection died before the
- * reply) may or may not have counted; the caller counts the request elsewhere (insurance) or
- * refuses it (503), so a unit left in Redis would be counted twice. Every consume therefore
- * carries a receipt: the script records the receipts of its last admissions in the counter
- * hash itself, and once Redis answers again the store takes back the unit of every receipt it
- * never heard about — on the same connection, so after the doubtful script if that ever runs.
+ * A script call whose answer never arrives (it timed out, or the connection died before the
+ * reply) may or may not have counted; the caller counts its requests elsewhere (insurance) or
+ * refuses them (503), so units left in Redis would be counted twice. Every call therefore
+ * carries a receipt: the script records `receipt:units` in each counter it added to (the last
+ * 8 calls per counter), and the store takes back the units of every receipt it never heard
+ * about — at once after a timeout, otherwise as soon as Redis answers again, and always on the
+ * same connection, so after the doubtful call if that ever runs.
  */
 
-/** Receipts kept per counter: enough for the requests of one instance in flight on one key and row. */
+/** Calls remembered per counter: far more than one instance ever has in doubt on one counter. */
 const RECEIPTS_KEPT = 8;
+/** Arguments per request: hourStart, dayStart, hourLimit, dayLimit, expireAt, force. */
+const ARGS_PER_KEY = 6;
 
-// Mirrors countStep() in limits/store.ts: windows only move forward; refuse without writing.
-// For each counter key KEYS[i], seven arguments: hourStart, dayStart, hourLimit, dayLimit,
-// expireAt, force, receipt. Answers three numbers per key: allowed, hour count, day count.
+// The rule of countStep() in limits/store.ts, for every request of a call: windows only move
+// forward, a refusal writes nothing. KEYS: one counter per request (repeats allowed); ARGV: six
+// arguments per request, then the call's receipt. Answers three numbers per request: allowed,
+// hour count, day count. Each counter is read once and written once.
 const CONSUME_SCRIPT = `
+local receipt = ARGV[#KEYS * ${ARGS_PER_KEY} + 1]
+local counters = {}
+local order = {}
 local out = {}
 for i = 1, #KEYS do
-  local a = (i - 1) * 7
-  local v = redis.call('HMGET', KEYS[i], 'hs', 'hc', 'ds', 'dc', 'rc')
+  local key = KEYS[i]
+  local a = (i - 1) * ${ARGS_PER_KEY}
+  local c = counters[key]
+  if not c then
+    local v = redis.call('HMGET', key, 'hs', 'hc', 'ds', 'dc', 'rc')
+    c = { hs = tonumber(v[1]), hc = tonumber(v[2]) or 0, ds = tonumber(v[3]), dc = tonumber(v[4]) or 0, rc = v[5] or '', added = 0 }
+    counters[key] = c
+    order[#order + 1] = key
+  end
   local hs = tonumber(ARGV[a + 1])
   local ds = tonumber(ARGV[a + 2])
-  local hc = 0
-  local dc = 0
-  local shs = tonumber(v[1])
-  local sds = tonumber(v[3])
-  if shs and shs >= hs then hs = shs; hc = tonumber(v[2]) end
-  if sds and sds >= ds then ds = sds; dc = tonumber(v[4]) end
+  local hc, dc = c.hc, c.dc
+  if not c.hs or c.hs < hs then hc = 0 end
+  if not c.ds or c.ds < ds then dc = 0 end
   if ARGV[a + 6] ~= '1' and (hc >= tonumber(ARGV[a + 3]) or dc >= tonumber(ARGV[a + 4])) then
     out[#out + 1] = 0
   else
+    if not c.hs or c.hs < hs then c.hs = hs end
+    if not c.ds or c.ds < ds then c.ds = ds; c.newDay = true end
     hc = hc + 1
     dc = dc + 1
-    local rc = ARGV[a + 7] .. ',' .. (v[5] or '')
+    c.hc, c.dc = hc, dc
+    c.added = c.added + 1
+    c.expireAt = ARGV[a + 5]
+    out[#out + 1] = 1
+  end
+  out[#out + 1] = hc
+  out[#out + 1] = dc
+end
+for _, key in ipairs(order) do
+  local c = counters[key]
+  if c.added > 0 then
+    local rc = receipt .. ':' .. c.added .. ',' .. c.rc
     local cut = 0
     for _ = 1, ${RECEIPTS_KEPT} do
       cut = string.find(rc, ',', cut + 1, true)
       if not cut then break end
     end
     if cut then rc = string.sub(rc, 1, cut) end
-    redis.call('HSET', KEYS[i], 'hs', hs, 'hc', hc, 'ds', ds, 'dc', dc, 'rc', rc)
-    if dc == 1 then redis.call('PEXPIREAT', KEYS[i], ARGV[a + 5]) end
-    out[#out + 1] = 1
+    redis.call('HSET', key, 'hs', c.hs, 'hc', c.hc, 'ds', c.ds, 'dc', c.dc, 'rc', rc)
+    if c.newDay then redis.call('PEXPIREAT', key, c.expireAt) end
   end
-  out[#out + 1] = hc
-  out[#out + 1] = dc
 end
 return out
 `;
 
-// Takes back the unit counted under a receipt, if (and only if) that receipt is recorded.
-// ARGV: receipt, hourStart, dayStart (the windows the request was counted in).
+// Takes back the units a call added to a counter, if (and only if) its receipt is recorded there.
+// ARGV: receipt, hourStart, dayStart (the windows the call counted in).
 const UNDO_SCRIPT = `
 local v = redis.call('HMGET', KEYS[1], 'hs', 'hc', 'ds', 'dc', 'rc')
 if not v[5] then return 0 end
-local s, e = string.find(',' .. v[5], ',' .. ARGV[1] .. ',', 1, true)
+local s, e = string.find(',' .. v[5], ',' .. ARGV[1] .. ':', 1, true)
 if not s then return 0 end
-local rc = string.sub(v[5], 1, s - 1) .. string.sub(v[5], e)
+local stop = string.find(v[5], ',', e, true)
+local units = tonumber(string.sub(v[5], e, stop - 1))
+local rc = string.sub(v[5], 1, s - 1) .. string.sub(v[5], stop + 1)
 local hc = tonumber(v[2])
 local dc = tonumber(v[4])
-if tonumber(v[1]) == tonumber(ARGV[2]) and hc > 0 then hc = hc - 1 end
-if tonumber(v[3]) == tonumber(ARGV[3]) and dc > 0 then dc = dc - 1 end
+if tonumber(v[1]) == tonumber(ARGV[2]) then hc = math.max(0, hc - units) end
+if tonumber(v[3]) == tonumber(ARGV[3]) then dc = math.max(0, dc - units) end
 redis.call('HSET', KEYS[1], 'hc', hc, 'dc', dc, 'rc', rc)
-return 1
+return units
 `;
 
-type ConsumeArgs = [key: string, hourStart: number, dayStart: number, hourLimit: number, dayLimit: number, expireAt: number, force: string, receipt: string];
-
 interface Pending {
-  readonly args: ConsumeArgs;
+  readonly key: string;
+  readonly request: ConsumeRequest;
   readonly resolve: (counts: Counts) => void;
   readonly reject: (err: StoreUnavailableError) => void;
 }
 
-interface InDoubt {
-  readonly key: string;
-  readonly hourStart: number;
-  readonly dayStart: number;
-}
+/** A call whose outcome is unknown: the windows it counted in, per counter. */
+type InDoubt = Map<string, { readonly hourStart: number; readonly dayStart: number }>;
 
 interface ScriptCommands {
-  /** One key and its seven arguments. */
+  /** One counter: its key, its six arguments, the receipt. */
   oapiConsume(key: string, ...args: Array<string | number>): Promise<number[]>;
-  /** `numberOfKeys`, the keys, then seven arguments per key. */
+  /** `numberOfKeys`, the counters, six arguments per counter, the receipt. */
   oapiConsumeMany(numberOfKeys: number, ...keysThenArgs: Array<string | number>): Promise<number[]>;
   oapiUndo(key: string, receipt: string, hourStart: number, dayStart: number): Promise<number>;
 }
 
-/** Doubtful receipts remembered at most; beyond, the oldest are given up (their unit may stay counted twice). */
+/** Calls in doubt remembered at most; beyond, the oldest are given up (their units may stay counted twice). */
 const MAX_IN_DOUBT = 10_000;
 const RECONCILE_EVERY_MS = 500;
-
 
 export class RedisCounterStore implements CounterStore {
   readonly #client: RedisClient & ScriptCommands;
@@ -137,24 +156,9 @@ export class RedisCounterStore implements CounterStore {
     return `${this.#prefix}c:{${keyHash}}:${counterId}`;
   }
 
-  /** Receipts whose outcome is not known yet. */
-  get inDoubt(): number {
-    return this.#inDoubt.size;
-  }
-
-  consume(r: ConsumeRequest): Promise<Counts> {
-    const args: ConsumeArgs = [
-      this.counterKey(r.keyHash, r.counterId),
-      r.hourStart,
-      r.dayStart,
-      r.hourLimit,
-      r.dayLimit,
-      r.expireAt,
-      r.force ? '1' : '0',
-      this.#instance + (this.#sequence++).toString(36),
-    ];
+  consume(request: ConsumeRequest): Promise<Counts> {
     return new Promise((resolve, reject) => {
-      const pending: Pending = { args, resolve, reject };
+      const pending: Pending = { key: this.counterKey(request.keyHash, request.counterId), request, resolve, reject };
       if (!this.#batching) this.#run([pending]);
       else if (this.#batch.push(pending) === 1) setImmediate(this.#send);
     });
@@ -166,53 +170,54 @@ export class RedisCounterStore implements CounterStore {
     this.#run(batch);
   };
 
-  /** One script call for the whole batch: its keys, then the arguments of each key in turn. */
+  /** One script call for the whole batch: its counters, six arguments per counter, the call's receipt. */
   #run(batch: readonly Pending[]): void {
-    let reply: Promise<number[]>;
-    if (batch.length === 1) {
-      reply = this.#client.oapiConsume(...(batch[0] as Pending).args);
-    } else {
-      const keysThenArgs: Array<string | number> = batch.map((p) => p.args[0]);
-      for (const { args } of batch) keysThenArgs.push(args[1], args[2], args[3], args[4], args[5], args[6], args[7]);
-      reply = this.#client.oapiConsumeMany(batch.length, ...keysThenArgs);
-    }
+    const receipt = this.#instance + (this.#sequence++).toString(36);
+    const keysThenArgs: Array<string | number> = batch.map((p) => p.key);
+    for (const { request: r } of batch) keysThenArgs.push(r.hourStart, r.dayStart, r.hourLimit, r.dayLimit, r.expireAt, r.force ? '1' : '0');
+    keysThenArgs.push(receipt);
+    const [firstKey, ...rest] = keysThenArgs as [string, ...Array<string | number>];
+    const reply = batch.length === 1 ? this.#client.oapiConsume(firstKey, ...rest) : this.#client.oapiConsumeMany(batch.length, ...keysThenArgs);
     reply.then(
-      (reply) => {
-        batch.forEach((pending, i) => pending.resolve({ allowed: reply[i * 3] === 1, hour: reply[i * 3 + 1] as number, day: reply[i * 3 + 2] as number }));
+      (counts) => {
+        batch.forEach((pending, i) => pending.resolve({ allowed: counts[i * 3] === 1, hour: counts[i * 3 + 1] as number, day: counts[i * 3 + 2] as number }));
       },
       (err: unknown) => {
-        for (const pending of batch) pending.reject(this.#failed(pending.args, err));
+        const failure = this.#failed(receipt, batch, err);
+        for (const pending of batch) pending.reject(failure);
       },
     );
   }
 
-  /** A consume failed: unless Redis refused the script outright, it may have counted. */
-  #failed(args: ConsumeArgs, err: unknown): StoreUnavailableError {
+  /** A call failed: unless Redis refused the script outright, it may have counted. */
+  #failed(receipt: string, batch: readonly Pending[], err: unknown): StoreUnavailableError {
     const failure = toStoreError(err);
-    if (failure.kind !== 'reply') {
-      const [key, hourStart, dayStart, , , , , receipt] = args;
-      if (this.#inDoubt.size >= MAX_IN_DOUBT) this.#inDoubt.delete(this.#inDoubt.keys().next().value as string);
-      this.#inDoubt.set(receipt, { key, hourStart, dayStart });
-      this.#reconcileTimer ??= setInterval(() => void this.reconcile(), RECONCILE_EVERY_MS).unref();
-    }
+    if (failure.kind === 'reply') return failure;
+    if (this.#inDoubt.size >= MAX_IN_DOUBT) this.#inDoubt.delete(this.#inDoubt.keys().next().value as string);
+    const counters: InDoubt = new Map();
+    for (const { key, request } of batch) counters.set(key, { hourStart: request.hourStart, dayStart: request.dayStart });
+    this.#inDoubt.set(receipt, counters);
+    this.#reconcileTimer ??= setInterval(() => void this.reconcile(), RECONCILE_EVERY_MS).unref();
+    // A timed-out call is still queued on a live connection: the undo goes right behind it.
+    if (failure.kind === 'timeout') void this.reconcile();
     return failure;
   }
 
-  /** Takes back the units of doubtful receipts that Redis did count. Safe to call at any time. */
+  /** Takes back the units of doubtful calls that Redis did count. Safe to call at any time. */
   reconcile(): Promise<void> {
     if (this.#inDoubt.size === 0 || this.#client.status !== 'ready') return Promise.resolve();
     this.#reconciling ??= (async () => {
       const pending = [...this.#inDoubt];
       try {
-        // Commands of one connection run in order, so each undo runs after its doubtful consume (if that ever runs).
-        await Promise.all(pending.map(([receipt, d]) => this.#client.oapiUndo(d.key, receipt, d.hourStart, d.dayStart)));
+        // Commands of one connection run in order, so each undo runs after its doubtful call (if that ever runs).
+        await Promise.all(pending.flatMap(([receipt, counters]) => [...counters].map(([key, w]) => this.#client.oapiUndo(key, receipt, w.hourStart, w.dayStart))));
         for (const [receipt] of pending) this.#inDoubt.delete(receipt);
         if (this.#inDoubt.size === 0) {
           clearInterval(this.#reconcileTimer);
           this.#reconcileTimer = undefined;
         }
       } catch {
-        // Redis is away again: the next attempt takes them.
+        // Redis is away again (or the undo timed out behind a slow Redis, where it still runs): the next attempt settles it.
       } finally {
         this.#reconciling = undefined;
       }

@@ -37,17 +37,13 @@ const JSON_TYPE = 'application/json';
 
 /** A gateway answer inside the hono chain. */
 export function answer(c: Context, status: number, message: string, headers: HeaderList = []): Response {
-  return respond(c, status, errorBody(status, message), headers);
-}
-
-export function respond(c: Context, status: number, body: string, headers: HeaderList = []): Response {
   const out = new Headers();
   out.set('Content-Type', JSON_TYPE);
   const requestId = c.get('requestId');
   if (requestId) out.set('X-Request-Id', requestId);
   for (const [name, value] of c.get('usageHeaders') ?? []) out.set(name, value);
   for (const [name, value] of headers) out.set(name, value);
-  return new Response(body, { status, headers: out });
+  return new Response(errorBody(status, message), { status, headers: out });
 }
 
 /** A gateway answer written straight to a Node response (forwarding errors, client errors). */

@@ -1,6 +1,6 @@
 import type { Duplex } from 'node:stream';
 import type { HttpBindings } from '@hono/node-server';
-import type { LimitRow, LimitTable, RowLimits } from '../config/limit-table.js';
+import type { LimitRow, LimitTable } from '../config/limit-table.js';
 import type { BridgeName } from '../config/settings.js';
 import type { Decision } from '../limits/limiter.js';
 import type { HeaderList } from '../limits/headers.js';
@@ -44,11 +44,12 @@ export interface Forwarded {
 declare module 'hono' {
   interface ContextVariableMap {
     requestId: string;
+    /** The client's address (see server/client-address.ts). */
+    clientAddress: string;
     client: Client;
     /** The limit-table snapshot this request uses from start to end. */
     table: LimitTable;
     endpoint: Endpoint;
-    limits: RowLimits;
     decision: Decision;
     /** Headers of INTERFACE §6 for this request (empty when it was not counted). */
     usageHeaders: HeaderList;

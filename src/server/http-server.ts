@@ -48,7 +48,9 @@ export function createPublicServer(
   });
   server.on('upgrade', onUpgrade);
   server.on('clientError', (err: NodeJS.ErrnoException, socket: Duplex) => {
-    if (err.code === 'ECONNRESET' || !socket.writable) {
+    // Nothing is written into an answer that has begun (a timeout can strike while one streams).
+    const answering = (socket as Duplex & { _httpMessage?: { headersSent?: boolean } })._httpMessage?.headersSent;
+    if (err.code === 'ECONNRESET' || !socket.writable || answering) {
       socket.destroy();
       return;
     }

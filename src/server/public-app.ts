@@ -48,7 +48,7 @@ export function createPublicApp(deps: PublicAppDeps): Hono<GatewayEnv> {
     rateLimit({ limiter: deps.limiter, metrics }),
     bodyRules({ maxBodyBytes: settings.maxBodyBytes, credentialRoutes: settings.credentialRoutes }),
   );
-  app.all('*', forward({ forwarder: deps.forwarder, websockets: deps.websockets, maxBodyBytes: settings.maxBodyBytes, clientAddress }));
+  app.all('*', forward({ forwarder: deps.forwarder, websockets: deps.websockets, maxBodyBytes: settings.maxBodyBytes }));
   app.onError((err, c) => {
     logger.error({ err, reqId: c.get('requestId') }, 'unexpected error');
     return answer(c, 500, 'Unexpected error');

@@ -68,7 +68,7 @@ export class WebSocketConnections {
     };
     client.once('close', onClose(bridge));
     bridge.once('close', onClose(client));
-    client.on('error', () => client.destroy());
+    // (The client socket already has its error handler, from the upgrade listener.)
     bridge.on('error', () => bridge.destroy());
   }
 

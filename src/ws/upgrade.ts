@@ -28,9 +28,10 @@ export function upgradeListener(app: Hono<GatewayEnv>, accepting: () => boolean)
       socket.end(rawAnswer(400, 'Only WebSocket upgrades are accepted'));
       return;
     }
+    // The chain reads headers from the Node request itself; the Request carries only the URL.
     let request: Request;
     try {
-      request = new Request(`http://${req.headers.host ?? 'gateway'}${req.url ?? '/'}`, { method: 'GET', headers: headerPairs(req.rawHeaders) });
+      request = new Request(`http://${req.headers.host ?? 'gateway'}${req.url ?? '/'}`);
     } catch {
       socket.end(rawAnswer(400, 'Malformed request'));
       return;
@@ -39,12 +40,6 @@ export function upgradeListener(app: Hono<GatewayEnv>, accepting: () => boolean)
     if (response.headers.get(ALREADY_SENT)) return;
     await writeResponse(socket, response);
   }
-}
-
-function headerPairs(raw: readonly string[]): Array<[string, string]> {
-  const pairs: Array<[string, string]> = [];
-  for (let i = 0; i < raw.length; i += 2) pairs.push([raw[i] as string, raw[i + 1] as string]);
-  return pairs;
 }
 
 async function writeResponse(socket: Duplex, response: Response): Promise<void> {

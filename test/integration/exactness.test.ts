@@ -149,6 +149,8 @@ describe('bridges that fail', () => {
     expect(expectTwoFields(reply)).toEqual({ error: 'Bad Gateway', message: 'Bridge unreachable' });
     expect(reply.text).not.toMatch(/127\.0\.0\.1|ECONNREFUSED/);
     expect(reply.headers['x-ratelimit-remaining-hour']).toBe('9');
+    // Once (regression: the forwarder's own answers repeated it).
+    expect(reply.rawHeaders.filter((h, i) => i % 2 === 0 && h.toLowerCase() === 'x-request-id')).toHaveLength(1);
   });
 
   it('answer 504 when the bridge does not answer within UPSTREAM_TIMEOUT_MS, and serve the next request', async () => {

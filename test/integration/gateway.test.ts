@@ -28,6 +28,10 @@ limits:
     route: POST /orders
     per_hour: 100
     per_day: 100
+  - name: Account Balance
+    route: GET /accounts/{id}/balance
+    per_hour: 100
+    per_day: 100
   - name: WebSocket, Orders
     route: WS /ws/orders
     per_hour: 5
@@ -305,6 +309,14 @@ describe('step 5: forwarding', () => {
     expect(seen.headers['x-forwarded-proto']).toBe('http');
     expect(seen.headers['x-forwarded-host']).toBe(`127.0.0.1:${gw.port}`);
     expect(seen.headers['x-request-id']).toBe('client-req-42');
+  });
+
+  it('forwards exactly the counted path, also when a segment ends in "http:" (regression: the proxy library rewrote it)', async () => {
+    for (const path of ['/accounts/http:/balance', '/accounts/https:/balance']) {
+      const reply = await get(path, newKey());
+      expect(reply.status).toBe(200);
+      expect(gw.eqt.requests.at(-1)?.url).toBe(path);
+    }
   });
 
   it('replaces an insane X-Request-Id with a fresh one', async () => {

@@ -24,12 +24,12 @@ describe('RedisCounterStore in Redis', () => {
     const inspect = redisClient();
     const stored = await inspect.hgetall(key);
     expect(stored).toMatchObject({ hs: String(r.hourStart), hc: '1', ds: String(r.dayStart), dc: '1' });
-    expect(stored.rc).toMatch(/^[A-Za-z0-9_-]+,$/); // the receipt of the admission
+    expect(stored.rc).toMatch(/^[A-Za-z0-9_-]+:1,$/); // the receipt of the call, and the units it added
     expect(await inspect.pexpiretime(key)).toBe(r.expireAt);
     inspect.disconnect();
   });
 
-  it('keeps the receipts of the last 8 admissions only, and none of refusals', async () => {
+  it('keeps the receipts of the last 8 calls only, and none of refusals', async () => {
     const store = new RedisCounterStore(client, prefix);
     for (let i = 0; i < 20; i++) await store.consume(request({ keyHash: 'receipts', hourLimit: 12, dayLimit: 100 }));
     const inspect = redisClient();
@@ -37,6 +37,26 @@ describe('RedisCounterStore in Redis', () => {
     inspect.disconnect();
     expect(receipts.split(',').filter(Boolean)).toHaveLength(8);
     expect(receipts.length).toBeLessThan(160);
+  });
+
+  it('takes back every unit of a call that timed out, however many requests of one key it held (regression: only the last 8 were)', async () => {
+    const own = await startRedisServer();
+    const c = createRedisClient({ url: own.url, commandTimeoutMs: 100 });
+    c.on('error', () => {});
+    await c.connect();
+    const store = new RedisCounterStore(c, 'x:');
+    await store.consume(request({ keyHash: 'warm' })); // loads the script
+    const pauser = redisClient(own.url);
+    await pauser.call('CLIENT', 'PAUSE', '400', 'WRITE');
+    const results = await Promise.allSettled(Array.from({ length: 12 }, () => store.consume(request({ keyHash: 'paused', hourLimit: 100, dayLimit: 100 }))));
+    expect(results.every((r) => r.status === 'rejected' && (r.reason as StoreUnavailableError).kind === 'timeout')).toBe(true);
+    await new Promise((r) => setTimeout(r, 700));
+    await store.reconcile();
+    expect(await store.usage('paused', [{ counterId: request().counterId, hourStart: request().hourStart, dayStart: request().dayStart }])).toEqual([{ hour: 0, day: 0 }]);
+    expect(await pauser.hget(store.counterKey('paused', request().counterId), 'rc')).toBe('');
+    pauser.disconnect();
+    c.disconnect();
+    await own.stop();
   });
 
   it('runs one Lua script per consume, reading and writing with two commands', async () => {

@@ -119,6 +119,26 @@ describe('a change of the file on disk', () => {
   });
 });
 
+describe('an invalid file next to a busy neighbour', () => {
+  it('is reported once, and writes to other files of the directory reload nothing (regression: a log file there caused a reload loop)', async () => {
+    const gw = await startTestGateway({ limits: table(5, 10) });
+    try {
+      writeFileSync(gw.limitsPath, 'limits: [oops');
+      await new Promise((r) => setTimeout(r, 600));
+      for (let i = 0; i < 20; i++) {
+        writeFileSync(join(gw.dir, 'gateway.log'), `line ${i}\n`, { flag: 'a' });
+        await new Promise((r) => setTimeout(r, 40));
+      }
+      await new Promise((r) => setTimeout(r, 500));
+      expect(gw.logs.filter((l) => l.msg === 'limit table refused; the table in force stays')).toHaveLength(1);
+      const metrics = (await send(gw.adminUrl, { path: '/metrics' })).text;
+      expect(metrics).toMatch(/^oapi_gateway_limits_reloads_total\{result="invalid"\} 1$/m);
+    } finally {
+      await gw.stop();
+    }
+  });
+});
+
 describe('a Kubernetes ConfigMap update', () => {
   it('is loaded when the ..data symlink is swapped to a new directory', async () => {
     // The layout the kubelet writes: limits.yaml -> ..data/limits.yaml, ..data -> ..<timestamp>/

@@ -91,6 +91,7 @@ describe('Redis round trips per request', () => {
 });
 
 describe('WORKERS=2', () => {
+  let dir: string;
   let child: ChildProcess;
   let url: string;
   let adminUrl: string;
@@ -98,7 +99,7 @@ describe('WORKERS=2', () => {
   let exited: Promise<number | null>;
 
   beforeAll(async () => {
-    const dir = mkdtempSync(join(tmpdir(), 'oapi-workers-'));
+    dir = mkdtempSync(join(tmpdir(), 'oapi-workers-'));
     writeFileSync(join(dir, 'limits.yaml'), LIMITS);
     const port = await freePort();
     const adminPort = await freePort();
@@ -152,6 +153,23 @@ describe('WORKERS=2', () => {
     const metrics = (await send(adminUrl, { path: '/metrics' })).text;
     const total = [...metrics.matchAll(/^oapi_gateway_requests_total\{endpoint="GET \/orders",status="(\d+)"\} (\d+)$/gm)].reduce((sum, m) => sum + Number(m[2]), 0);
     expect(total).toBe(24);
+  });
+
+  it('restarts a worker that cannot start with a growing delay, while the other serves (regression: a tight respawn loop)', async () => {
+    writeFileSync(join(dir, 'limits.yaml'), 'limits: [oops');
+    await new Promise((r) => setTimeout(r, 500));
+    const workerPid = (JSON.parse(log.split('\n').find((l) => l.includes('"msg":"gateway listening"') && l.includes('"public"')) ?? '{}') as { pid: number }).pid;
+    process.kill(workerPid, 'SIGKILL');
+    await new Promise((r) => setTimeout(r, 2500));
+    const deaths = (log.match(/"msg":"worker died; starting another"/g) ?? []).length;
+    expect(deaths).toBeGreaterThanOrEqual(2); // the killed one, and at least one that could not start
+    expect(deaths).toBeLessThanOrEqual(4); // 0 ms, then 500, 1000, 2000 ms apart
+    expect(log).toContain('a worker cannot start');
+    expect((await send(url, { path: '/orders/1', headers: { 'X-API-Key': 'still' }, agent: false })).status).toBe(200);
+    writeFileSync(join(dir, 'limits.yaml'), LIMITS);
+    const deadline = Date.now() + 8000;
+    while ((log.match(/"msg":"gateway listening"/g) ?? []).length < 4 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 100));
+    expect((log.match(/"msg":"gateway listening"/g) ?? []).length).toBe(4);
   });
 
   it('stops every process on SIGTERM and exits 0', async () => {

@@ -16,7 +16,7 @@ import { freePort } from '../helpers/redis.js';
 
 const ORDERS = 'WS /ws/orders';
 
-const LIMITS = `
+const table = (wsPerHour: number, wsPerDay: number): string => `
 timezone: UTC
 limits:
   - name: Order List
@@ -25,23 +25,12 @@ limits:
     per_day: 100
   - name: WebSocket, Orders
     route: ${ORDERS}
-    per_hour: 500
-    per_day: 1000
+    per_hour: ${wsPerHour}
+    per_day: ${wsPerDay}
 `;
-
+const LIMITS = table(500, 1000);
 /** The small table of the limit test. */
-const SMALL_LIMITS = `
-timezone: UTC
-limits:
-  - name: Order List
-    route: GET /orders
-    per_hour: 100
-    per_day: 100
-  - name: WebSocket, Orders
-    route: ${ORDERS}
-    per_hour: 3
-    per_day: 10
-`;
+const SMALL_LIMITS = table(3, 10);
 
 const FAST_ENV = { UPSTREAM_TIMEOUT_MS: '2000', SHUTDOWN_TIMEOUT_MS: '3000' };
 
@@ -155,7 +144,7 @@ interface RawBridge {
   close(): Promise<void>;
 }
 
-async function startRawBridge(options: { silent?: boolean } = {}): Promise<RawBridge> {
+async function startRawBridge(options: { silent?: boolean; greeting?: string } = {}): Promise<RawBridge> {
   const sockets: Socket[] = [];
   const received = new Map<Socket, Buffer>();
   // allowHalfOpen: the bridge can go on writing after the gateway has ended its side.
@@ -177,7 +166,10 @@ async function startRawBridge(options: { silent?: boolean } = {}): Promise<RawBr
       const accept = createHash('sha1').update(key + '258EAFA5-E914-47DA-95CA-C5AB0DC85B11').digest('base64');
       upgraded = true;
       received.set(socket, head.subarray(end + 4));
-      socket.write(`HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: ${accept}\r\n\r\n`);
+      const handshake = Buffer.from(`HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: ${accept}\r\n\r\n`);
+      // A greeting goes out in the same write as the 101, as a market-data bridge sends its snapshot.
+      const greeting = options.greeting === undefined ? Buffer.alloc(0) : Buffer.concat([Buffer.from([0x81, Buffer.byteLength(options.greeting)]), Buffer.from(options.greeting)]);
+      socket.write(Buffer.concat([handshake, greeting]));
     });
   });
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
@@ -450,6 +442,23 @@ describe('an accepted upgrade', () => {
     side.ws.close(4001, 'done');
     expect(await withTimeout(closed, 3000, 'the client to close')).toEqual({ code: 4001, reason: 'done' });
     expect(await withTimeout(side.closed, 3000, 'the bridge side to close')).toEqual({ code: 4001, reason: 'done' });
+  });
+});
+
+describe('a bridge that speaks first', () => {
+  it('delivers the frames it sent together with its 101 (regression: they were read before the client pipe existed)', async () => {
+    const bridge = await startRawBridge({ greeting: 'snapshot' });
+    const gw = await startTestGateway({ limits: LIMITS, env: { ...FAST_ENV, EQT_BRIDGE_URL: bridge.url } });
+    try {
+      const ws = new WebSocket(wsUrl(gw, '/ws/orders'), { headers: { 'X-API-Key': newKey('first') } });
+      clients.add(ws);
+      const first = await withTimeout(nextMessage(ws), 3000, 'the greeting');
+      expect(first.data.toString()).toBe('snapshot');
+      ws.terminate();
+    } finally {
+      await gw.stop();
+      await bridge.close();
+    }
   });
 });
 

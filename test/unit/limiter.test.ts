@@ -110,8 +110,26 @@ describe('Limiter', () => {
     for (let i = 0; i < 4; i++) await check(limiter, small);
     await store.reset('key', [small.counterId]);
     expect(counted(await check(limiter, small)).allowed).toBe(false); // still remembered
-    limiter.forgetKey('key');
+    await limiter.forgetKey('key', [small]);
     expect(counted(await check(limiter, small))).toMatchObject({ allowed: true, hour: { used: 1 } });
+  });
+
+  it('asks the store again for a key whose plan changed (regression: an upgraded key stayed refused from memory)', async () => {
+    const limiter = make();
+    for (let i = 0; i < 4; i++) await check(limiter, small);
+    expect(counted(await check(limiter, small))).toMatchObject({ allowed: false, source: 'cache' });
+    const premium = { perHour: 15, perDay: 25 };
+    const upgraded = counted(await limiter.check({ keyHash: 'key', row: small, limits: premium, calendar: t.calendar }));
+    expect(upgraded).toMatchObject({ allowed: true, source: 'store', hour: { limit: 15, used: 4, remaining: 11 } });
+  });
+
+  it('forgets the insurance counters of a key reset elsewhere', async () => {
+    const limiter = make('insurance');
+    store.failing = new StoreUnavailableError('connection', 'down');
+    for (let i = 0; i < 3; i++) await check(limiter, small);
+    expect(counted(await check(limiter, small))).toMatchObject({ allowed: false, source: 'insurance' });
+    await limiter.forgetKey('key', [small]);
+    expect(counted(await check(limiter, small))).toMatchObject({ allowed: true, source: 'insurance', hour: { used: 1 } });
   });
 
   it('keeps counting in the insurance store while the store is away, and goes back when it returns', async () => {
@@ -164,7 +182,7 @@ describe('usage headers', () => {
     const row = t.rows[0]!;
     const limiter = new Limiter({ store: new MemoryCounterStore(), failureMode: 'closed', clock });
     const d = counted(await limiter.check({ keyHash: 'h', row, limits: row.limits, calendar: t.calendar }));
-    expect(rateLimitHeaders(d, row.limits, clock.now())).toEqual([
+    expect(rateLimitHeaders(d, clock.now())).toEqual([
       ['X-RateLimit-Limit-Hour', '3'],
       ['X-RateLimit-Remaining-Hour', '2'],
       ['X-RateLimit-Limit-Day', '5'],

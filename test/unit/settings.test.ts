@@ -70,6 +70,13 @@ describe('settings', () => {
   it('never repeats a secret in an error', () => {
     expect(message({ ...BRIDGES, ADMIN_TOKEN: 'tiny' })).not.toContain('tiny');
     expect(message({ ...BRIDGES, REDIS_URL: 'redis://u:hunter2@h:1', REDIS_CLUSTER_NODES: 'h:1' })).not.toContain('hunter2');
+    expect(message({ ...BRIDGES, REDIS_URL: 'http://u:hunter2@h:1' })).toBe('REDIS_URL=http://…@h:1: must be a redis:// or rediss:// URL');
+    expect(message({ ...BRIDGES, EQT_BRIDGE_URL: 'http://svc:hunter2@eqt:8000' })).toBe('EQT_BRIDGE_URL=http://…@eqt:8000: must not carry credentials');
+    const dir = mkdtempSync(join(tmpdir(), 'oapi-settings-'));
+    writeFileSync(join(dir, 'gw.yaml'), 'admin_token: shortsecret\n');
+    expect(() => loadSettings({ env: BRIDGES, cwd: dir, configFile: 'gw.yaml' })).toThrow(/^gw\.yaml:1:14: admin_token must be at least 16 characters$/);
+    writeFileSync(join(dir, 'gw.yaml'), 'redis_url: "http://u:hunter2@h:1"\n');
+    expect(() => loadSettings({ env: BRIDGES, cwd: dir, configFile: 'gw.yaml' })).toThrow(/^gw\.yaml:1:12: redis_url must be a redis:\/\/ or rediss:\/\/ URL$/);
   });
 
   it('reads config/gateway.yaml, and the environment overrides it', () => {

@@ -54,6 +54,7 @@ export function apiKeyAuth(options: ApiKeyOptions): MiddlewareHandler<GatewayEnv
 
   return async function apiKeyAuth(c, next) {
     const address = clientAddress(c);
+    c.set('clientAddress', address);
     const blockedMs = guard.blockedFor(address);
     if (blockedMs > 0) return throttled(c, blockedMs);
 

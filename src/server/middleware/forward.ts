@@ -1,4 +1,4 @@
-import type { Context, Handler } from 'hono';
+import type { Handler } from 'hono';
 import { RESPONSE_ALREADY_SENT } from '@hono/node-server/utils/response';
 import type { HeaderList } from '../../limits/headers.js';
 import type { Forwarder } from '../../proxy/forwarder.js';
@@ -16,11 +16,10 @@ export interface ForwardOptions {
   readonly forwarder: Forwarder;
   readonly websockets: WebSocketConnections;
   readonly maxBodyBytes: number;
-  readonly clientAddress: (c: Context<GatewayEnv>) => string;
 }
 
 export function forward(options: ForwardOptions): Handler<GatewayEnv> {
-  const { forwarder, websockets, maxBodyBytes, clientAddress } = options;
+  const { forwarder, websockets, maxBodyBytes } = options;
   return async function forward(c) {
     const incoming = c.env?.incoming;
     // Only an in-process app.request() has no socket; there is nothing to forward it over.
@@ -40,7 +39,7 @@ export function forward(options: ForwardOptions): Handler<GatewayEnv> {
           bridge: endpoint.bridge,
           target: endpoint.path + withoutApiKey(endpoint.query),
           requestId,
-          clientAddress: clientAddress(c),
+          clientAddress: c.get('clientAddress'),
           answerHeaders,
           onOpen: (client, bridge) => websockets.add(endpoint.row, client, bridge),
           onDone: resolve,
@@ -58,7 +57,7 @@ export function forward(options: ForwardOptions): Handler<GatewayEnv> {
       body: c.get('body'),
       maxBodyBytes,
       requestId,
-      clientAddress: clientAddress(c),
+      clientAddress: c.get('clientAddress'),
       answerHeaders,
     });
     c.set('forwarded', { status: result.status, upstreamMs: result.upstreamMs });

@@ -22,10 +22,9 @@ export function rateLimit(options: { limiter: Limiter; metrics: GatewayMetrics }
     const limits = limitsFor(c.get('table'), row, client.plan);
     const decision = await limiter.check({ keyHash: client.keyHash, row, limits, calendar: c.get('table').calendar });
     c.set('decision', decision);
-    c.set('limits', limits);
     if (decision.kind === 'unavailable') return answer(c, 503, 'Rate limiting is unavailable');
     if (decision.kind === 'counted') {
-      c.set('usageHeaders', rateLimitHeaders(decision, limits, decision.at));
+      c.set('usageHeaders', rateLimitHeaders(decision, decision.at));
       const endpoint = row.route.text;
       if (decision.spent) {
         const shadow = decision.allowed ? 'true' : 'false';
