@@ -1,3 +1,4 @@
+import { existsSync } from 'node:fs';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { isAbsolute, relative } from 'node:path';
@@ -124,18 +125,26 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
   const registry = new KeyRegistry(redis ? new RedisIssuedKeyStore(redis, settings.redisKeyPrefix) : new MemoryIssuedKeyStore(), (err) =>
     logger.debug({ err: (err as Error).message }, 'issued keys could not be checked'),
   );
+  // The key file is optional: while there is none, only keys issued through the admin API pass.
+  // It is watched all the same, so a file written later (or removed) takes effect.
+  const keyFileName = displayName(settings.apiKeysFile);
   const readKeys = async (): Promise<KeyFileLoad> =>
-    settings.apiKeysFile
-      ? readKeyFile(settings.apiKeysFile, displayName(settings.apiKeysFile), new Set(tables.current()?.plans.keys() ?? []))
-      : { ok: true, keys: [] };
+    existsSync(settings.apiKeysFile) ? readKeyFile(settings.apiKeysFile, keyFileName, new Set(tables.current()?.plans.keys() ?? [])) : { ok: true, keys: [] };
   const reloadKeyFile = async (): Promise<void> => {
     const result = await readKeys();
-    if (result.ok) registry.setFileKeys(result.keys);
-    else logger.error({ errors: result.errors.map(formatSourceError) }, 'key file refused; the keys in force stay');
+    if (!result.ok) {
+      logger.error({ errors: result.errors.map(formatSourceError) }, 'key file refused; the keys in force stay');
+      return;
+    }
+    registry.setFileKeys(result.keys);
+    logger.info({ file: keyFileName, keys: result.keys.length }, existsSync(settings.apiKeysFile) ? 'key file loaded' : 'no key file; only keys issued through the admin API pass');
   };
   const keyFile = await readKeys();
   if (!keyFile.ok) throw new StartupError(keyFile.errors.map(formatSourceError).join('\n'));
   registry.setFileKeys(keyFile.keys);
+  if (settings.apiKeyMode === 'registered') {
+    logger.info({ file: keyFileName, keys: keyFile.keys.length }, existsSync(settings.apiKeysFile) ? 'key file loaded' : 'no key file; only keys issued through the admin API pass');
+  }
   await registry.refresh().catch((err: Error) => logger.warn({ err: err.message }, 'issued keys could not be loaded yet'));
   registry.startPolling(ISSUED_KEYS_POLL_MS);
 
@@ -203,19 +212,26 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
 
   // Reloads on change of the files on disk.
   tables.watch(options.watchPollMs);
-  let keyFileWatch: FileWatch | undefined;
-  if (settings.apiKeysFile) keyFileWatch = watchFile(settings.apiKeysFile, () => void reloadKeyFile(), options.watchPollMs ? { pollMs: options.watchPollMs } : {});
+  const keyFileWatch: FileWatch = watchFile(settings.apiKeysFile, () => void reloadKeyFile(), options.watchPollMs ? { pollMs: options.watchPollMs } : {});
 
   const publicUrl = publicServer.server.listening ? urlOf(publicServer.server) : undefined;
   const adminUrl = adminServer ? urlOf(adminServer) : undefined;
-  logger.info({ public: publicUrl, admin: adminUrl, counters: redis ? (settings.redisClusterNodes ? 'redis-cluster' : 'redis') : 'memory', keys: settings.apiKeyMode }, 'gateway listening');
+  logger.info(
+    {
+      public: publicServer.server.listening ? boundAddress(publicServer.server) : undefined,
+      admin: adminServer ? boundAddress(adminServer) : undefined,
+      counters: redis ? (settings.redisClusterNodes ? 'redis-cluster' : 'redis') : 'memory',
+      keys: settings.apiKeyMode,
+    },
+    'gateway listening',
+  );
 
   let stopping: Promise<void> | undefined;
   const stop = (): Promise<void> =>
     (stopping ??= (async () => {
       shuttingDown = true;
       tables.close();
-      keyFileWatch?.close();
+      keyFileWatch.close();
       registry.stop();
       const server = publicServer.server;
       if (server.listening) server.close();
@@ -254,6 +270,13 @@ function listen(server: http.Server, port: number, host: string): Promise<void> 
   });
 }
 
+/** host:port as bound (0.0.0.0 stays 0.0.0.0). */
+function boundAddress(server: http.Server): string {
+  const address = server.address() as AddressInfo;
+  return address.family === 'IPv6' ? `[${address.address}]:${address.port}` : `${address.address}:${address.port}`;
+}
+
+/** A URL to reach the server at from this host (a wildcard address becomes loopback). */
 function urlOf(server: http.Server): string {
   const address = server.address() as AddressInfo;
   const host = address.family === 'IPv6' ? `[${address.address}]` : address.address;

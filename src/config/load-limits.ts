@@ -44,7 +44,7 @@ export function parseLimits(text: string, file: string, loadedAt = new Date()): 
   if (errors.length > 0) return { ok: false, errors: withRows(source, errors) };
   const root = source.root;
   if (!isYamlMap(root)) {
-    return { ok: false, errors: [source.error(root, 'the file must be a mapping with "timezone" and "limits"')] };
+    return { ok: false, errors: [source.error(root, 'the file must be a mapping with "limits" (and optionally "timezone" and "plans")')] };
   }
 
   let timezone = DEFAULT_TIMEZONE;
@@ -64,8 +64,9 @@ export function parseLimits(text: string, file: string, loadedAt = new Date()): 
     }
   }
 
-  const rows = readRows(source, root, limitsNode, errors);
-  const plans = plansNode === undefined || plansNode === null ? new Map<string, Plan>() : readPlans(source, plansNode, rows, errors);
+  const routesSeen = new Set<string>();
+  const rows = readRows(source, root, limitsNode, errors, routesSeen);
+  const plans = plansNode === undefined || plansNode === null ? new Map<string, Plan>() : readPlans(source, plansNode, rows, routesSeen, errors);
   if (errors.length > 0) return { ok: false, errors: byPosition(errors) };
   return { ok: true, table: buildTable({ file, text, timezone, rows, plans, loadedAt }) };
 }
@@ -87,7 +88,8 @@ function withRows(source: YamlSource, errors: SourceError[]): SourceError[] {
   });
 }
 
-function readRows(source: YamlSource, root: YAMLMap<unknown, unknown>, node: unknown, errors: SourceError[]): DraftRow[] {
+/** Reads the rows; `routesSeen` gets every well-formed route, also those of rows with errors. */
+function readRows(source: YamlSource, root: YAMLMap<unknown, unknown>, node: unknown, errors: SourceError[], routesSeen: Set<string>): DraftRow[] {
   if (node === undefined) {
     errors.push(source.error(root, 'missing "limits"'));
     return [];
@@ -133,6 +135,7 @@ function readRows(source: YamlSource, root: YAMLMap<unknown, unknown>, node: unk
         return fail(routeNode, `route "${route.text}" is already used by row ${first.row} (${first.name}) at line ${first.line}`);
       }
       seen.set(route.key, { row: rowNumber, name: typeof name === 'string' ? name : '?', line });
+      routesSeen.add(route.key);
       routes.push(route);
     };
     const routeField = fields.get('route');
@@ -175,7 +178,7 @@ function positiveInteger(node: unknown, field: string, present: boolean, fail: (
   return value;
 }
 
-function readPlans(source: YamlSource, node: unknown, rows: readonly DraftRow[], errors: SourceError[]): Map<string, Plan> {
+function readPlans(source: YamlSource, node: unknown, rows: readonly DraftRow[], routesSeen: ReadonlySet<string>, errors: SourceError[]): Map<string, Plan> {
   const plans = new Map<string, Plan>();
   if (!isYamlMap(node)) {
     errors.push(source.error(node, `plans must be a mapping of plan names, got ${describe(node)}`));
@@ -212,7 +215,8 @@ function readPlans(source: YamlSource, node: unknown, rows: readonly DraftRow[],
           }
           const row = rowByRoute.get(route.key);
           if (!row) {
-            fail(rowPair.key, `no row of the table has route "${route.text}"`);
+            // A row that exists but has errors of its own is reported there, not again here.
+            if (!routesSeen.has(route.key)) fail(rowPair.key, `no row of the table has route "${route.text}"`);
             continue;
           }
           if (!isYamlMap(numbers)) {

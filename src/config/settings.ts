@@ -34,7 +34,8 @@ export interface Settings {
   readonly logLevel: LogLevel;
   readonly workers: number;
   readonly apiKeyMode: ApiKeyMode;
-  readonly apiKeysFile: string | undefined;
+  /** The key file; it may not exist (yet), unless API_KEYS_FILE named it. */
+  readonly apiKeysFile: string;
   readonly invalidKeyAttempts: number;
   readonly invalidKeyWindowSeconds: number;
   readonly shutdownTimeoutMs: number;
@@ -152,6 +153,7 @@ type Values = { -readonly [K in keyof typeof FIELDS]: (typeof FIELDS)[K]['fallba
 
 const FILE_KEYS = new Set<string>([...Object.values(FIELDS).map((f) => f.file), 'routing', 'credential_routes']);
 
+export const DEFAULT_API_KEYS_FILE = 'config/api-keys.yaml';
 export const DEFAULT_CREDENTIAL_ROUTES = ['POST /oapi/auth/gen-secret-key/underlying', 'POST /oapi/auth/gen-secret-key/derivative'];
 export const DEFAULT_ROUTING: Record<string, BridgeName> = { 'POST /oapi/auth/gen-secret-key/derivative': 'fno' };
 
@@ -242,13 +244,8 @@ export function loadSettings(options: LoadOptions = {}): Settings {
   }
 
   const file = (p: string): string => (isAbsolute(p) ? p : resolve(cwd, p));
-  let apiKeysFile: string | undefined;
-  if (values.apiKeysFile) {
-    apiKeysFile = file(values.apiKeysFile);
-    if (!existsSync(apiKeysFile)) throw new SettingsError(`API_KEYS_FILE=${values.apiKeysFile}: file not found`);
-  } else if (existsSync(file('config/api-keys.yaml'))) {
-    apiKeysFile = file('config/api-keys.yaml');
-  }
+  const apiKeysFile = file(values.apiKeysFile ?? DEFAULT_API_KEYS_FILE);
+  if (values.apiKeysFile && !existsSync(apiKeysFile)) throw new SettingsError(`API_KEYS_FILE=${values.apiKeysFile}: file not found`);
 
   return {
     port: values.port,

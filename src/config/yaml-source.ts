@@ -41,12 +41,15 @@ export class YamlSource {
     this.#lines = lines;
   }
 
-  /** Parses `text`; YAML syntax errors (duplicate keys included) come back as errors. */
+  /**
+   * Parses `text`; a YAML syntax error (a duplicate key included) comes back as an error. Only
+   * the first: after a syntax error the parser's further complaints are its consequences.
+   */
   static parse(file: string, text: string): { source: YamlSource; errors: SourceError[] } {
     const lines = new LineCounter();
     const doc = parseDocument(text, { lineCounter: lines, uniqueKeys: true, prettyErrors: false, keepSourceTokens: false });
     const source = new YamlSource(file, doc.contents, lines);
-    const errors = doc.errors.map((err) => {
+    const errors = doc.errors.slice(0, 1).map((err) => {
       const pos = err.linePos?.[0] ?? lines.linePos(err.pos[0]);
       return { file, line: pos.line, column: pos.col, message: firstLine(err.message) };
     });

@@ -25,8 +25,9 @@ export async function readKeyFile(path: string, displayName: string, plans: Read
   let text: string;
   try {
     text = await readFile(path, 'utf8');
-  } catch {
-    return { ok: false, errors: [{ file: displayName, line: 1, column: 1, message: 'file cannot be read' }] };
+  } catch (err) {
+    const reason = (err as NodeJS.ErrnoException).code === 'ENOENT' ? 'file not found' : 'file cannot be read';
+    return { ok: false, errors: [{ file: displayName, line: 1, column: 1, message: reason }] };
   }
   return parseKeyFile(text, displayName, plans);
 }

@@ -149,8 +149,10 @@ export class RedisCounterStore implements CounterStore {
     this.#client = client as RedisClient & ScriptCommands;
     this.#prefix = prefix;
     this.#batching = !(client as Cluster).isCluster;
-    client.on('ready', () => void this.reconcile());
+    client.on('ready', this.#onReady);
   }
+
+  readonly #onReady = (): void => void this.reconcile();
 
   counterKey(keyHash: string, counterId: string): string {
     return `${this.#prefix}c:{${keyHash}}:${counterId}`;
@@ -256,5 +258,6 @@ export class RedisCounterStore implements CounterStore {
 
   close(): void {
     clearInterval(this.#reconcileTimer);
+    this.#client.off('ready', this.#onReady);
   }
 }

@@ -1,11 +1,16 @@
 import { execFileSync } from 'node:child_process';
+import { randomBytes } from 'node:crypto';
 import { Redis } from 'ioredis';
 
 /**
  * Before any test: build `dist/` from the current sources (tests that start the gateway as a
  * process run what `npm start` runs), and make sure the Redis the suite talks to answers.
+ * Every key the run writes there starts with `test:<run>:` (helpers/redis.ts uniquePrefix);
+ * after the run they are deleted, and a run going on beside it keeps its own.
  */
-export default async function setup(): Promise<void> {
+export default async function setup(): Promise<() => Promise<void>> {
+  const run = randomBytes(4).toString('hex');
+  process.env.OAPI_TEST_RUN = run;
   execFileSync(process.execPath, ['node_modules/typescript/bin/tsc', '-p', 'tsconfig.build.json'], { stdio: 'inherit' });
   const url = process.env.REDIS_URL ?? 'redis://127.0.0.1:6379';
   const redis = new Redis(url, { lazyConnect: true, maxRetriesPerRequest: 0, connectTimeout: 2000 });
@@ -17,4 +22,18 @@ export default async function setup(): Promise<void> {
   } finally {
     redis.disconnect();
   }
+  return async function teardown() {
+    const client = new Redis(url, { maxRetriesPerRequest: 1 });
+    try {
+      let cursor = '0';
+      for (let i = 0; i < 10_000; i++) {
+        const [next, keys] = await client.scan(cursor, 'MATCH', `test:${run}:*`, 'COUNT', 1000);
+        if (keys.length) await client.unlink(...keys);
+        cursor = next;
+        if (cursor === '0') break;
+      }
+    } finally {
+      client.disconnect();
+    }
+  };
 }

@@ -9,9 +9,9 @@ import { Redis } from 'ioredis';
 /** The Redis every developer machine and CI has (or REDIS_URL). */
 export const REDIS_URL = process.env.REDIS_URL ?? 'redis://127.0.0.1:6379';
 
-/** A key prefix of one's own, so test files never see each other's counters. */
+/** A key prefix of one's own, so test files never see each other's counters; the run's keys are deleted after it. */
 export function uniquePrefix(label = 't'): string {
-  return `test:${label}:${randomBytes(4).toString('hex')}:`;
+  return `test:${process.env.OAPI_TEST_RUN ?? 'local'}:${label}:${randomBytes(4).toString('hex')}:`;
 }
 
 export function redisClient(url = REDIS_URL): Redis {
@@ -27,6 +27,28 @@ export async function freePort(): Promise<number> {
       server.close(() => resolve(port));
     });
   });
+}
+
+/**
+ * A loopback port where connections are refused, and that no other test takes meanwhile: the
+ * suite's servers listen on ports the kernel picks (32768 and up) or, for a Redis Cluster, on
+ * 20000-39999; this one comes from 10000-19999. (A port from freePort() may be taken by
+ * another test's server between the check and its use.)
+ */
+export async function refusingPort(): Promise<number> {
+  for (let attempt = 0; attempt < 50; attempt++) {
+    const port = 10000 + Math.floor(Math.random() * 10000);
+    const refused = await new Promise<boolean>((resolve) => {
+      const socket = net.connect(port, '127.0.0.1');
+      socket.once('connect', () => {
+        socket.destroy();
+        resolve(false);
+      });
+      socket.once('error', (err: NodeJS.ErrnoException) => resolve(err.code === 'ECONNREFUSED'));
+    });
+    if (refused) return port;
+  }
+  throw new Error('no refusing port found in 10000-19999');
 }
 
 export interface RedisProcess {

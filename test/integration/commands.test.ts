@@ -99,6 +99,11 @@ describe('npx oapi-gateway', () => {
     );
   });
 
+  it('check accepts the shipped example key file', async () => {
+    const { stdout } = await run(BIN, ['check', 'limits.yaml', '--keys', 'config/api-keys.example.yaml'], { cwd: ROOT });
+    expect(stdout).toContain('config/api-keys.example.yaml: 1 key, valid');
+  });
+
   it('check validates the key file against the plans of the table', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'oapi-check-'));
     const keys = join(dir, 'api-keys.yaml');

@@ -5,7 +5,7 @@ import { startSandboxBridge, type SandboxBridge } from '../../src/sandbox/bridge
 import { FakeClock } from '../helpers/clock.js';
 import { authHeader, startTestGateway, type TestGateway } from '../helpers/gateway.js';
 import { expectTwoFields, send } from '../helpers/http.js';
-import { freePort, uniquePrefix } from '../helpers/redis.js';
+import { refusingPort, uniquePrefix } from '../helpers/redis.js';
 
 /** Counting is the product: exact under concurrency, across instances, and across windows. */
 
@@ -128,7 +128,7 @@ describe('bridges that fail', () => {
   const held: net.Socket[] = [];
 
   beforeAll(async () => {
-    const closedPort = await freePort();
+    const closedPort = await refusingPort();
     unreachable = await startTestGateway({ limits: LIMITS, env: { EQT_BRIDGE_URL: `http://127.0.0.1:${closedPort}`, LOG_LEVEL: 'warn' } });
     silentServer = net.createServer((socket) => {
       held.push(socket);

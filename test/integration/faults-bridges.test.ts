@@ -3,7 +3,7 @@ import { startSandboxBridge, type SandboxBridge } from '../../src/sandbox/bridge
 import { DEMO_PASSWORD, DEMO_USERNAME } from '../../src/sandbox/bodies.js';
 import { startTestGateway, type TestGateway } from '../helpers/gateway.js';
 import { expectTwoFields, type Reply } from '../helpers/http.js';
-import { freePort } from '../helpers/redis.js';
+import { refusingPort } from '../helpers/redis.js';
 import { attempt, usageOfRow, waitFor } from '../helpers/faults.js';
 import { OK_BODY, startFaultyBridge, type FaultyBridge } from '../helpers/faulty-bridge.js';
 
@@ -37,7 +37,7 @@ const newKey = (): string => `bridge-${Date.now()}-${++n}`;
 
 beforeAll(async () => {
   bridge = await startFaultyBridge();
-  fnoPort = await freePort(); // nothing listens there (yet): connections are refused
+  fnoPort = await refusingPort(); // nothing listens there (yet): connections are refused
   gw = await startTestGateway({
     limits: LIMITS,
     env: { EQT_BRIDGE_URL: bridge.url, FNO_BRIDGE_URL: `http://127.0.0.1:${fnoPort}`, UPSTREAM_TIMEOUT_MS: String(UPSTREAM_TIMEOUT_MS), LOG_LEVEL: 'warn' },

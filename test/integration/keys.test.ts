@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -190,6 +190,32 @@ describe('registered keys, shared by two instances', () => {
     expect((await call(a, FILE_KEY)).status).not.toBe(401);
     expect(a.logs.some((l) => l.msg === 'key file refused; the keys in force stay')).toBe(true);
     writeFileSync(join(dir, 'api-keys.yaml'), keyFile());
+  });
+});
+
+describe('the default key file', () => {
+  it('is picked up when it is written after start, and its keys go when it is removed (regression: a file missing at start was never watched)', async () => {
+    const gw = await startTestGateway({ limits: LIMITS, env: { API_KEY_MODE: 'registered' } });
+    const untilStatus = async (key: string, status: number): Promise<number> => {
+      const deadline = Date.now() + 5000;
+      let got = (await call(gw, key)).status;
+      while (got !== status && Date.now() < deadline) {
+        await new Promise((r) => setTimeout(r, 50));
+        got = (await call(gw, key)).status;
+      }
+      return got;
+    };
+    try {
+      expect(gw.logs.some((l) => l.msg === 'no key file; only keys issued through the admin API pass')).toBe(true);
+      expect((await call(gw, FILE_KEY)).status).toBe(401);
+      mkdirSync(join(gw.dir, 'config'));
+      writeFileSync(join(gw.dir, 'config', 'api-keys.yaml'), keyFile());
+      expect(await untilStatus(FILE_KEY, 200)).toBe(200);
+      rmSync(join(gw.dir, 'config', 'api-keys.yaml'));
+      expect(await untilStatus(FILE_KEY, 401)).toBe(401);
+    } finally {
+      await gw.stop();
+    }
   });
 });
 

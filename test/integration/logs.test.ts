@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, expect, it } from 'vitest';
 import { authHeader, startTestGateway, type TestGateway } from '../helpers/gateway.js';
 import { send } from '../helpers/http.js';
-import { freePort } from '../helpers/redis.js';
+import { refusingPort } from '../helpers/redis.js';
 
 /**
  * No password, token, raw API key or request body ever reaches the log — also not in error
@@ -27,7 +27,7 @@ let strict: TestGateway;
 
 beforeAll(async () => {
   gw = await startTestGateway({ env: { LOG_LEVEL: 'trace' } });
-  broken = await startTestGateway({ env: { LOG_LEVEL: 'trace', EQT_BRIDGE_URL: `http://127.0.0.1:${await freePort()}` } });
+  broken = await startTestGateway({ env: { LOG_LEVEL: 'trace', EQT_BRIDGE_URL: `http://127.0.0.1:${await refusingPort()}` } });
   strict = await startTestGateway({ env: { LOG_LEVEL: 'trace', API_KEY_MODE: 'registered' } });
 });
 afterAll(async () => {

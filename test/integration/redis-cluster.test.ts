@@ -34,7 +34,9 @@ afterAll(async () => {
   await cluster?.stop();
 });
 
-describeCounterStore('RedisCounterStore on a Redis Cluster', () => new RedisCounterStore(client, storePrefix));
+// One store per client, as the gateway has it.
+let shared: RedisCounterStore | undefined;
+describeCounterStore('RedisCounterStore on a Redis Cluster', () => (shared ??= new RedisCounterStore(client, storePrefix)));
 
 const LIMITS = `
 timezone: UTC

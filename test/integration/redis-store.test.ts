@@ -12,7 +12,9 @@ afterAll(async () => {
   await client.quit();
 });
 
-describeCounterStore('RedisCounterStore', () => new RedisCounterStore(client, prefix));
+// One store per client, as the gateway has it.
+const shared = new RedisCounterStore(client, prefix);
+describeCounterStore('RedisCounterStore', () => shared);
 
 describe('RedisCounterStore in Redis', () => {
   it('keeps one hash per key and row, in the key hash slot, expiring after its day', async () => {

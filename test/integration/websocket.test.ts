@@ -5,7 +5,7 @@ import WebSocket, { WebSocketServer, type RawData } from 'ws';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { authHeader, startTestGateway, type TestGateway } from '../helpers/gateway.js';
 import { send } from '../helpers/http.js';
-import { freePort } from '../helpers/redis.js';
+import { refusingPort } from '../helpers/redis.js';
 
 /**
  * WebSocket rows (INTERFACE §8) over real sockets with a real `ws` client: an upgrade is
@@ -540,7 +540,7 @@ describe('refused upgrades: the answers of §6, and no socket at the bridge', ()
   });
 
   it('answers 502 when the bridge cannot be reached', async () => {
-    const closedPort = await freePort();
+    const closedPort = await refusingPort();
     const down = await startTestGateway({ limits: SMALL_LIMITS, env: { ...FAST_ENV, EQT_BRIDGE_URL: `http://127.0.0.1:${closedPort}` } });
     try {
       const answer = await refused(wsUrl(down, '/ws/orders'), { 'X-API-Key': newKey() });
@@ -555,7 +555,7 @@ describe('refused upgrades: the answers of §6, and no socket at the bridge', ()
   });
 
   it('carries the usage headers on the 502 of a counted upgrade', async () => {
-    const closedPort = await freePort();
+    const closedPort = await refusingPort();
     const down = await startTestGateway({ limits: SMALL_LIMITS, env: { ...FAST_ENV, EQT_BRIDGE_URL: `http://127.0.0.1:${closedPort}` } });
     try {
       const key = newKey();
