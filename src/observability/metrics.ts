@@ -49,7 +49,7 @@ export class GatewayMetrics implements LimiterObserver {
   });
   readonly storeCalls = new Counter({
     name: 'oapi_gateway_store_calls_total',
-    help: 'Counter-store calls made on the request path (each one round trip).',
+    help: 'Requests counted in the counter store; each waited for one round trip (requests of one event-loop turn share it).',
     registers: [this.registry],
   });
   readonly storeErrors = new Counter({

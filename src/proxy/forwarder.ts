@@ -208,7 +208,7 @@ export class Forwarder {
       target: target as never,
       agent,
       changeOrigin: true,
-      // The path is already normalised and joined with its query: take it as it is.
+      // Spares http-proxy a URL parse of the path; the exact path is set on each request (proxyReq below).
       toProxy: true,
       selfHandleResponse: true,
       ejectPlugins: true,
