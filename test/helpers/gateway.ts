@@ -113,3 +113,32 @@ export async function startTestGateway(options: TestGatewayOptions = {}): Promis
 export function authHeader(): Record<string, string> {
   return { Authorization: `Bearer ${ADMIN_TOKEN}` };
 }
+
+export interface GatewayPair {
+  readonly a: TestGateway;
+  readonly b: TestGateway;
+  readonly eqt: SandboxBridge;
+  readonly fno: SandboxBridge;
+  readonly prefix: string;
+  stop(): Promise<void>;
+}
+
+/** Two gateway instances in front of the same bridges, sharing one key prefix (and so their counters). */
+export async function startGatewayPair(options: Omit<TestGatewayOptions, 'bridges' | 'prefix'> & { readonly label?: string } = {}): Promise<GatewayPair> {
+  const eqt = await startSandboxBridge('eqt');
+  const fno = await startSandboxBridge('fno');
+  const shared = { ...options, prefix: uniquePrefix(options.label ?? 'pair'), bridges: { eqt, fno } };
+  const a = await startTestGateway(shared);
+  const b = await startTestGateway(shared);
+  return {
+    a,
+    b,
+    eqt,
+    fno,
+    prefix: shared.prefix,
+    stop: async () => {
+      await Promise.all([a.stop(), b.stop()]);
+      await Promise.all([eqt.close(), fno.close()]);
+    },
+  };
+}

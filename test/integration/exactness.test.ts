@@ -1,11 +1,10 @@
 import http from 'node:http';
 import net from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { startSandboxBridge, type SandboxBridge } from '../../src/sandbox/bridge.js';
 import { FakeClock } from '../helpers/clock.js';
-import { authHeader, startTestGateway, type TestGateway } from '../helpers/gateway.js';
+import { authHeader, startGatewayPair, startTestGateway, type GatewayPair, type TestGateway } from '../helpers/gateway.js';
 import { expectTwoFields, send } from '../helpers/http.js';
-import { refusingPort, uniquePrefix } from '../helpers/redis.js';
+import { refusingPort } from '../helpers/redis.js';
 
 /** Counting is the product: exact under concurrency, across instances, and across windows. */
 
@@ -19,21 +18,16 @@ limits:
 `;
 
 describe('two gateway instances on one Redis', () => {
-  let eqt: SandboxBridge;
-  let fno: SandboxBridge;
+  let pair: GatewayPair;
   let a: TestGateway;
   let b: TestGateway;
 
   beforeAll(async () => {
-    eqt = await startSandboxBridge('eqt');
-    fno = await startSandboxBridge('fno');
-    const prefix = uniquePrefix('pair');
-    a = await startTestGateway({ limits: LIMITS, prefix, bridges: { eqt, fno }, env: { LOG_LEVEL: 'warn' } });
-    b = await startTestGateway({ limits: LIMITS, prefix, bridges: { eqt, fno }, env: { LOG_LEVEL: 'warn' } });
+    pair = await startGatewayPair({ limits: LIMITS, env: { LOG_LEVEL: 'warn' } });
+    ({ a, b } = pair);
   });
   afterAll(async () => {
-    await Promise.all([a.stop(), b.stop()]);
-    await Promise.all([eqt.close(), fno.close()]);
+    await pair.stop();
   });
 
   it('admit exactly the limit together, with hundreds of concurrent requests on one key', async () => {

@@ -3,10 +3,10 @@ import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { startSandboxBridge, type SandboxBridge } from '../../src/sandbox/bridge.js';
-import { authHeader, startTestGateway, type TestGateway } from '../helpers/gateway.js';
+import type { SandboxBridge } from '../../src/sandbox/bridge.js';
+import { authHeader, startGatewayPair, startTestGateway, type GatewayPair, type TestGateway } from '../helpers/gateway.js';
 import { expectTwoFields, send } from '../helpers/http.js';
-import { redisClient, startRedisServer, uniquePrefix, type RedisProcess } from '../helpers/redis.js';
+import { redisClient, startRedisServer, type RedisProcess } from '../helpers/redis.js';
 
 /** API keys and plans (INTERFACE §10) over real sockets. */
 
@@ -41,26 +41,22 @@ const issue = async (gw: TestGateway, id: string, plan?: string) => {
 };
 
 describe('registered keys, shared by two instances', () => {
+  let pair: GatewayPair;
   let eqt: SandboxBridge;
-  let fno: SandboxBridge;
   let a: TestGateway;
   let b: TestGateway;
   let dir: string;
 
   beforeAll(async () => {
-    eqt = await startSandboxBridge('eqt');
-    fno = await startSandboxBridge('fno');
-    const prefix = uniquePrefix('keys');
     dir = mkdtempSync(join(tmpdir(), 'oapi-keys-'));
     writeFileSync(join(dir, 'api-keys.yaml'), keyFile());
     // Many deliberate 401s come from one address here; the guard has a test of its own below.
     const env = { API_KEY_MODE: 'registered', API_KEYS_FILE: join(dir, 'api-keys.yaml'), INVALID_KEY_MAX_ATTEMPTS: '10000' };
-    a = await startTestGateway({ limits: LIMITS, prefix, bridges: { eqt, fno }, env, dir });
-    b = await startTestGateway({ limits: LIMITS, prefix, bridges: { eqt, fno }, env, dir });
+    pair = await startGatewayPair({ limits: LIMITS, env, dir, label: 'keys' });
+    ({ a, b, eqt } = pair);
   });
   afterAll(async () => {
-    await Promise.all([a.stop(), b.stop()]);
-    await Promise.all([eqt.close(), fno.close()]);
+    await pair.stop();
     rmSync(dir, { recursive: true, force: true });
   });
 

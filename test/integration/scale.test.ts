@@ -5,8 +5,8 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { startSandboxBridge, type SandboxBridge } from '../../src/sandbox/bridge.js';
-import { ADMIN_TOKEN, authHeader, startTestGateway, type TestGateway } from '../helpers/gateway.js';
+import { startSandboxBridge } from '../../src/sandbox/bridge.js';
+import { ADMIN_TOKEN, authHeader, startGatewayPair, type GatewayPair, type TestGateway } from '../helpers/gateway.js';
 import { send } from '../helpers/http.js';
 import { freePort, startRedisServer, uniquePrefix, type RedisProcess } from '../helpers/redis.js';
 
@@ -39,21 +39,16 @@ async function commandCalls(): Promise<Record<string, number>> {
 const scriptCalls = (c: Record<string, number>): number => (c.evalsha ?? 0) + (c.eval ?? 0);
 
 describe('Redis round trips per request', () => {
+  let pair: GatewayPair;
   let a: TestGateway;
   let b: TestGateway;
-  let eqt: SandboxBridge;
-  let fno: SandboxBridge;
 
   beforeAll(async () => {
-    eqt = await startSandboxBridge('eqt');
-    fno = await startSandboxBridge('fno');
-    const prefix = uniquePrefix('scale');
-    a = await startTestGateway({ limits: LIMITS, redis: redis.url, prefix, bridges: { eqt, fno }, env: { LOG_LEVEL: 'warn' } });
-    b = await startTestGateway({ limits: LIMITS, redis: redis.url, prefix, bridges: { eqt, fno }, env: { LOG_LEVEL: 'warn' } });
+    pair = await startGatewayPair({ limits: LIMITS, redis: redis.url, label: 'scale', env: { LOG_LEVEL: 'warn' } });
+    ({ a, b } = pair);
   });
   afterAll(async () => {
-    await Promise.all([a.stop(), b.stop()]);
-    await Promise.all([eqt.close(), fno.close()]);
+    await pair.stop();
   });
 
   it('is one Lua script for both windows of an allowed request', async () => {
