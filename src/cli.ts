@@ -47,7 +47,7 @@ async function check(args: string[]): Promise<number> {
   return 0;
 }
 
-export function renderTable(table: LimitTable, file: string): string {
+function renderTable(table: LimitTable, file: string): string {
   const header = ['#', 'name', 'route', 'per_hour', 'per_day', ''];
   const rows = table.rows.map((row) => [String(row.index + 1), row.name, row.route.text, String(row.limits.perHour), String(row.limits.perDay), row.shadow ? 'shadow' : '']);
   const widths = header.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] as string).length)));

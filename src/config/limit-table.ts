@@ -41,7 +41,7 @@ export interface LimitTable {
   readonly matcher: RouteMatcher<LimitRow>;
 }
 
-export function counterIdOf(rowId: string): string {
+function counterIdOf(rowId: string): string {
   return createHash('sha256').update(rowId).digest('hex').slice(0, 16);
 }
 
@@ -51,7 +51,7 @@ export function limitsFor(table: LimitTable, row: LimitRow, plan: string | undef
   return table.plans.get(plan)?.limits[row.index] ?? row.limits;
 }
 
-export function contentHash(text: string): string {
+function contentHash(text: string): string {
   return 'sha256:' + createHash('sha256').update(text).digest('hex');
 }
 

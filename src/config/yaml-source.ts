@@ -80,7 +80,6 @@ function firstLine(message: string): string {
 
 export const isYamlMap = (node: unknown): node is YAMLMap<unknown, unknown> => isMap(node);
 export const isYamlSeq = isSeq;
-export const isYamlScalar = isScalar;
 
 /** The pairs of a map with their key as a string (keys that are not plain scalars read as their text). */
 export function entries(map: YAMLMap<unknown, unknown>): Array<{ key: string; pair: Pair<unknown, unknown>; value: unknown }> {

@@ -25,7 +25,7 @@ export interface Route {
 const LITERAL_SEGMENT = /^[A-Za-z0-9\-._~!$&'()*+,;=:@]+$/;
 const PARAM_SEGMENT = /^\{([A-Za-z_][A-Za-z0-9_]*)\}$/;
 
-export function isMethod(value: string): value is Method {
+function isMethod(value: string): value is Method {
   return (METHODS as readonly string[]).includes(value);
 }
 
