@@ -41,7 +41,7 @@ export async function readLimitsFile(path: string, displayName = path): Promise<
 
 export function parseLimits(text: string, file: string, loadedAt = new Date()): LimitsLoad {
   const { source, errors } = YamlSource.parse(file, text);
-  if (errors.length > 0) return { ok: false, errors: withRows(source, errors) };
+  if (errors.length > 0) return { ok: false, errors: withRows(text, errors) };
   const root = source.root;
   if (!isYamlMap(root)) {
     return { ok: false, errors: [source.error(root, 'the file must be a mapping with "limits" (and optionally "timezone" and "plans")')] };
@@ -73,19 +73,56 @@ export function parseLimits(text: string, file: string, loadedAt = new Date()): 
 
 type DraftRow = Omit<LimitRow, 'counterId'>;
 
-/** Names the row a YAML syntax error is in, as far as the parser got. */
-function withRows(source: YamlSource, errors: SourceError[]): SourceError[] {
-  const root = source.root;
-  const limits = isYamlMap(root) ? entries(root).find((e) => e.key === 'limits')?.value : undefined;
-  if (!isYamlSeq(limits)) return errors;
-  const spans = limits.items.map((item, i) => {
-    const name = isYamlMap(item) ? scalarValue(entries(item).find((e) => e.key === 'name')?.value) : undefined;
-    return { row: i + 1, rowName: typeof name === 'string' ? name : undefined, from: source.position(item).line, to: source.endLine(item) };
-  });
+/**
+ * Names the row a YAML syntax error is in. Rows are found in the text, by their `-` lines under
+ * `limits:`, not in what the parser made of a broken file: a misindented line there reads as
+ * a row of its own, and would be blamed on a row that does not exist.
+ */
+function withRows(text: string, errors: SourceError[]): SourceError[] {
+  const rows = rowsInText(text);
   return errors.map((e) => {
-    const span = spans.find((s) => e.line >= s.from && e.line <= s.to);
-    return span ? { ...e, row: span.row, ...(span.rowName ? { rowName: span.rowName } : {}) } : e;
+    const row = rows.findLast((r) => r.line <= e.line && e.line <= r.lastLine);
+    return row ? { ...e, row: row.row, ...(row.name ? { rowName: row.name } : {}) } : e;
   });
+}
+
+interface RowInText {
+  readonly row: number;
+  readonly name: string | undefined;
+  /** First and last line of the row (1-based). */
+  readonly line: number;
+  lastLine: number;
+}
+
+function rowsInText(text: string): RowInText[] {
+  const lines = text.split(/\r?\n/);
+  const rows: RowInText[] = [];
+  const start = lines.findIndex((l) => /^limits\s*:/.test(l));
+  if (start === -1) return rows;
+  let indent: number | undefined;
+  for (let i = start + 1; i < lines.length; i++) {
+    const line = lines[i] as string;
+    if (/^\s*(#|$)/.test(line)) continue;
+    // The next top-level key ends the rows.
+    if (/^[^\s-]/.test(line)) break;
+    const dash = /^(\s*)-(\s|$)/.exec(line);
+    indent ??= dash?.[1]?.length;
+    if (dash && dash[1]?.length === indent) {
+      rows.push({ row: rows.length + 1, name: undefined, line: i + 1, lastLine: i + 1 });
+    }
+    const current = rows[rows.length - 1];
+    if (!current) continue;
+    current.lastLine = i + 1;
+    const name = /^\s*(?:-\s+)?name\s*:\s*(.*?)\s*$/.exec(line)?.[1];
+    if (name && current.name === undefined) rows[rows.length - 1] = { ...current, name: unquoted(name) };
+  }
+  return rows;
+}
+
+/** A row name as written: quotes taken off, a trailing comment dropped. */
+function unquoted(value: string): string {
+  const quoted = /^(["'])(.*?)\1/.exec(value);
+  return quoted ? (quoted[2] as string) : value.replace(/\s+#.*$/, '');
 }
 
 /** Reads the rows; `routesSeen` gets every well-formed route, also those of rows with errors. */

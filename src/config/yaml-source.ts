@@ -1,4 +1,4 @@
-import { isMap, isScalar, isSeq, LineCounter, parseDocument, type Node, type Pair, type YAMLMap } from 'yaml';
+import { isMap, isScalar, isSeq, LineCounter, parseDocument, visit, type Document, type Node, type Pair, type YAMLMap } from 'yaml';
 
 /**
  * A YAML file read with positions, shared by the loaders of `limits.yaml`, `gateway.yaml` and
@@ -50,8 +50,11 @@ export class YamlSource {
     const doc = parseDocument(text, { lineCounter: lines, uniqueKeys: true, prettyErrors: false, keepSourceTokens: false });
     const source = new YamlSource(file, doc.contents, lines);
     const errors = doc.errors.slice(0, 1).map((err) => {
-      const pos = err.linePos?.[0] ?? lines.linePos(err.pos[0]);
-      return { file, line: pos.line, column: pos.col, message: firstLine(err.message) };
+      // An unclosed quote is found only at the end of the file: point at where the quote opens.
+      const opened = err.code === 'MISSING_CHAR' ? unclosedQuoteAt(doc, err.pos[0]) : undefined;
+      const pos = opened === undefined ? (err.linePos?.[0] ?? lines.linePos(err.pos[0])) : lines.linePos(opened);
+      const message = firstLine(err.message) + (opened === undefined ? '' : ' (the quoted text that starts here runs to the end of the file)');
+      return { file, line: pos.line, column: pos.col, message };
     });
     return { source, errors };
   }
@@ -72,6 +75,21 @@ export class YamlSource {
   error(node: unknown, message: string, row?: { row: number; rowName?: string }): SourceError {
     return { file: this.file, ...this.position(node), ...row, message };
   }
+}
+
+/** Start of the quoted scalar that runs up to `end`, where the parser gave up looking for its closing quote. */
+function unclosedQuoteAt(doc: Document, end: number): number | undefined {
+  let start: number | undefined;
+  visit(doc, {
+    Scalar(_key, node) {
+      if ((node.type === 'QUOTE_DOUBLE' || node.type === 'QUOTE_SINGLE') && node.range && node.range[1] >= end) {
+        start = node.range[0];
+        return visit.BREAK;
+      }
+      return undefined;
+    },
+  });
+  return start;
 }
 
 function firstLine(message: string): string {
