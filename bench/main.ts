@@ -1,10 +1,12 @@
 import { execFileSync } from 'node:child_process';
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { copyFileSync, mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
+import { metricTotal } from './counters.js';
 import { writeBenchLimits } from './limits.js';
 import { apiKeys, quoteWorkload, stopRunningLoad, tokenWorkload } from './load.js';
+import { profileLines, readProfile, summariseProfile } from './profile.js';
 import {
   REPO_ROOT,
   clockTicksPerSecond,
@@ -16,6 +18,7 @@ import {
   startGateway,
   startRedis,
   stopAllChildren,
+  stopChild,
 } from './processes.js';
 import { TARGETS, judge, printReport, type BenchResult } from './report.js';
 import { assertAlive, log, runRounds, runSpentKey, smokeTest, type Knobs, type Setup } from './rounds.js';
@@ -25,7 +28,8 @@ import { assertAlive, log, runRounds, runSpentKey, smokeTest, type Knobs, type S
  * gateway, measured in one run with their rounds interleaved, so that whatever else the
  * machine is doing spreads over all three instead of favouring one.
  *
- * Knobs: BENCH_DURATION (seconds per measurement, 5), BENCH_ROUNDS (3), BENCH_CONNECTIONS (50).
+ * Knobs: BENCH_DURATION (seconds per measurement, 5), BENCH_ROUNDS (3), BENCH_CONNECTIONS (50),
+ * BENCH_PROFILE (1: run the gateway under V8's CPU profiler and print where its CPU went).
  */
 
 const API_KEY_COUNT = 64;
@@ -52,7 +56,7 @@ function readKnobs(): Knobs {
   };
 }
 
-async function startEverything(tempDir: string): Promise<Setup> {
+async function startEverything(tempDir: string, profileDir: string | undefined): Promise<Setup> {
   const redisServer = await startRedis(tempDir);
   const serversDir = compileServers(tempDir);
   const upstream = await forkServer('upstream', serversDir, 'upstream.js');
@@ -66,7 +70,7 @@ async function startEverything(tempDir: string): Promise<Setup> {
     LOG_LEVEL: 'info',
     LIMITS_FILE: writeBenchLimits(tempDir),
   };
-  const gateway = await startGateway(gatewayEnv);
+  const gateway = await startGateway(gatewayEnv, profileDir ? ['--cpu-prof', `--cpu-prof-dir=${profileDir}`] : []);
   const redis = new Redis(redisServer.url, { maxRetriesPerRequest: 1, lazyConnect: true });
   await redis.connect();
   const startRssMB = { gateway: rssMB(gateway.child.pid), bare: rssMB(bare.child.pid) };
@@ -82,20 +86,43 @@ function redisVersion(): string {
   }
 }
 
+const RESULTS_DIR = join(REPO_ROOT, '.bench');
+
 function writeJson(result: BenchResult): string {
-  const dir = join(REPO_ROOT, '.bench');
-  mkdirSync(dir, { recursive: true });
-  const path = join(dir, 'last.json');
+  mkdirSync(RESULTS_DIR, { recursive: true });
+  const path = join(RESULTS_DIR, 'last.json');
   writeFileSync(path, JSON.stringify(result, null, 2) + '\n');
   return path;
 }
 
+/**
+ * Stops the profiled gateway (V8 writes the profile as the process exits), keeps the profile in
+ * .bench/ for Chrome DevTools, and prints its CPU by package, part of Node.js and gateway module.
+ */
+async function reportProfile(setup: Setup, profileDir: string): Promise<void> {
+  const requests = await metricTotal(setup.gateway.adminUrl, 'oapi_gateway_requests_total');
+  await stopChild(setup.gateway.child, 15_000);
+  const file = readdirSync(profileDir).find((name) => name.endsWith('.cpuprofile'));
+  if (!file) {
+    log('BENCH_PROFILE=1: the gateway left no CPU profile');
+    return;
+  }
+  mkdirSync(RESULTS_DIR, { recursive: true });
+  const kept = join(RESULTS_DIR, 'gateway.cpuprofile');
+  copyFileSync(join(profileDir, file), kept);
+  log('');
+  log(`where the gateway's CPU went, per request over all ${requests} requests it answered (self time sampled on its main thread; the profiler's own cost included):`);
+  for (const line of profileLines(summariseProfile(readProfile(kept), requests))) log(line);
+  log(`profile written to ${kept} (open it in Chrome DevTools, Performance tab)`);
+}
+
 async function run(tempDir: string): Promise<void> {
   const knobs = readKnobs();
+  const profileDir = intKnob('BENCH_PROFILE', 0, 0, 1) === 1 ? join(tempDir, 'profile') : undefined;
   const startedAt = new Date().toISOString();
   const loadAverageStart = os.loadavg();
   log(`oapi-gateway benchmark: starting redis-server, upstream, bare proxy and gateway (temp dir ${tempDir})`);
-  const setup = await startEverything(tempDir);
+  const setup = await startEverything(tempDir, profileDir);
   try {
     const keys = apiKeys(API_KEY_COUNT);
     const workloads = [tokenWorkload(keys), quoteWorkload(keys)];
@@ -132,6 +159,7 @@ async function run(tempDir: string): Promise<void> {
         apiKeys: API_KEY_COUNT,
         clockTicksPerSecond: setup.ticksPerSecond,
         gatewayEnv: { ...setup.gatewayEnv, REDIS_URL: 'redis://127.0.0.1:<bench port>', LIMITS_FILE: '<temp dir>/bench-limits.yaml' },
+        profiled: profileDir !== undefined,
       },
       workloads: results,
       spentKey,
@@ -144,6 +172,7 @@ async function run(tempDir: string): Promise<void> {
     printReport(result, log);
     log('');
     log(`results written to ${writeJson(result)}`);
+    if (profileDir) await reportProfile(setup, profileDir);
   } finally {
     setup.redis.disconnect();
   }

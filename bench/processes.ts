@@ -172,9 +172,10 @@ export interface GatewayProcess {
 /**
  * The built gateway (`node dist/main.js`) with a clean environment: only what is set here,
  * so nothing from the caller's shell (a REDIS_URL, WORKERS, GATEWAY_CONFIG…) changes what is
- * measured. Its log goes to /dev/null; stderr is kept for error messages.
+ * measured. Its log goes to /dev/null; stderr is kept for error messages. `nodeArgs` go to
+ * node before the script (the CPU profiler's flags with BENCH_PROFILE=1).
  */
-export async function startGateway(env: Record<string, string>): Promise<GatewayProcess> {
+export async function startGateway(env: Record<string, string>, nodeArgs: readonly string[] = []): Promise<GatewayProcess> {
   const [port, adminPort] = [await freePort(), await freePort()];
   const fullEnv: Record<string, string> = {
     PATH: process.env.PATH ?? '/usr/bin:/bin',
@@ -185,7 +186,7 @@ export async function startGateway(env: Record<string, string>): Promise<Gateway
     ADMIN_HOST: '127.0.0.1',
     ADMIN_PORT: String(adminPort),
   };
-  const child = register('gateway', spawn(process.execPath, ['dist/main.js'], { cwd: REPO_ROOT, env: fullEnv, stdio: ['ignore', 'ignore', 'pipe'] }));
+  const child = register('gateway', spawn(process.execPath, [...nodeArgs, 'dist/main.js'], { cwd: REPO_ROOT, env: fullEnv, stdio: ['ignore', 'ignore', 'pipe'] }));
   const adminUrl = `http://127.0.0.1:${adminPort}`;
   await waitFor('the gateway', async () => (await fetch(`${adminUrl}/readyz`)).status === 200, child, 15_000);
   return { child, url: `http://127.0.0.1:${port}`, adminUrl };

@@ -78,7 +78,7 @@ export interface Check {
 export interface BenchResult {
   readonly startedAt: string;
   readonly machine: { cpuModel: string; cores: number; totalMemoryMB: number; node: string; os: string; redis: string; loadAverageStart: number[]; loadAverageEnd: number[] };
-  readonly settings: { durationSeconds: number; warmupSeconds: number; rounds: number; connections: number; apiKeys: number; clockTicksPerSecond: number; gatewayEnv: Record<string, string> };
+  readonly settings: { durationSeconds: number; warmupSeconds: number; rounds: number; connections: number; apiKeys: number; clockTicksPerSecond: number; gatewayEnv: Record<string, string>; profiled: boolean };
   readonly workloads: WorkloadResult[];
   readonly spentKey: SpentKeyResult;
   readonly gatewayPeakRssMB: number;
@@ -158,6 +158,7 @@ export function printReport(result: BenchResult, out: (line: string) => void): v
       `${settings.connections} connections, ${settings.apiKeys} API keys`,
   );
   out(`gateway: node dist/main.js, LOG_LEVEL=${settings.gatewayEnv.LOG_LEVEL} (its log to /dev/null), API_KEY_MODE=${settings.gatewayEnv.API_KEY_MODE}, Redis of its own on loopback`);
+  if (settings.profiled) out('BENCH_PROFILE=1: the gateway ran under V8\'s CPU profiler, which slows it: its figures in this run are not its usual ones');
   out('');
 
   const header = [pad('workload', 8), pad('target', 11), pad('req/s', 8, true), pad('±', 6, true), pad('p50 ms', 7, true), pad('p99 ms', 7, true), pad('×direct', 8, true), pad('×bare', 6, true), pad('×stack', 7, true), pad('CPU µs/req¹', 12, true), pad('scripts/req', 12, true), pad('round trips/req', 16, true)];
