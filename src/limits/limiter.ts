@@ -1,7 +1,7 @@
 import type { LRUCache } from 'lru-cache';
 import { boundedCache } from './bounded-cache.js';
 import type { LimitRow, RowLimits } from '../config/limit-table.js';
-import { StoreUnavailableError, type CounterStore, type Counts, type Usage } from './store.js';
+import { StoreUnavailableError, type CounterStore, type Counts, type MergeEntry, type Usage } from './store.js';
 import { secondsUntil, systemClock, type Clock, type WindowCalendar, type Windows } from './windows.js';
 
 /**
@@ -53,6 +53,8 @@ export interface LimiterObserver {
   storeError(kind: StoreUnavailableError['kind']): void;
   fallback(mode: FailureMode): void;
   storeCall(): void;
+  /** Counters of insurance-counted units handed to the store once it was back. */
+  merged?(counters: number, result: 'ok' | 'failed'): void;
 }
 
 export interface LimiterOptions {
@@ -80,6 +82,10 @@ interface SpentEntry {
 
 /** Counters are kept a little past the end of their day, so instances with skewed clocks still find them. */
 const EXPIRY_SLACK_MS = 3_600_000;
+/** Bound on (key, row) pairs whose insurance-counted units wait to be added to the store. */
+const MAX_UNMERGED = 200_000;
+
+type Unmerged = { -readonly [K in keyof MergeEntry]: MergeEntry[K] };
 
 export class Limiter {
   readonly #store: CounterStore;
@@ -93,6 +99,9 @@ export class Limiter {
   #lastStoreError: string | undefined;
   /** Bumped whenever remembered refusals are forgotten; an answer that started before cannot be remembered after. */
   #generation = 0;
+  /** Units admitted from the insurance counters, per (key, row), not yet added to the store. */
+  #unmerged = new Map<string, Unmerged>();
+  #merging: Promise<void> | undefined;
 
   constructor(options: LimiterOptions) {
     if (options.failureMode === 'insurance' && !options.insurance) throw new Error('insurance mode needs an insurance store');
@@ -146,6 +155,7 @@ export class Limiter {
       const fallback = await this.#fallback(consume);
       if (fallback.kind !== 'counted') return fallback;
       ({ counts, source } = fallback);
+      if (counts.allowed) this.#countUnmerged(spentKey, consume);
     }
 
     const decision = decide(counts.allowed, counts.hour, counts.day, limits, windows, source, row.shadow, now);
@@ -174,6 +184,7 @@ export class Limiter {
   async forgetKey(keyHash: string, rows: readonly LimitRow[]): Promise<void> {
     this.#generation++;
     for (const key of this.#spent.keys()) if (key.startsWith(keyHash + ':')) this.#spent.delete(key);
+    for (const key of this.#unmerged.keys()) if (key.startsWith(keyHash + ':')) this.#unmerged.delete(key);
     await this.#insurance?.reset(keyHash, rows.map((row) => row.counterId));
   }
 
@@ -183,16 +194,59 @@ export class Limiter {
     this.#spent.clear();
   }
 
+  /** Resolves once the units handed to the store after an outage are in (or the attempt failed). */
+  merged(): Promise<void> {
+    return this.#merging ?? Promise.resolve();
+  }
+
   /** The store's answer, or undefined when it could not give one (then it is skipped for a while). */
   async #fromStore(consume: Parameters<CounterStore['consume']>[0]): Promise<Counts | undefined> {
     try {
       this.#observer?.storeCall();
-      return await this.#store.consume(consume);
+      const counts = await this.#store.consume(consume);
+      // The store answers again: what was admitted without it is added to it now.
+      if (this.#unmerged.size > 0) this.#mergeIntoStore();
+      return counts;
     } catch (err) {
       if (!(err instanceof StoreUnavailableError)) throw err;
       this.#storeFailed(err);
       return undefined;
     }
+  }
+
+  /** One more unit admitted from the insurance counters, in the windows it was counted in. */
+  #countUnmerged(key: string, consume: Parameters<CounterStore['consume']>[0]): void {
+    let entry = this.#unmerged.get(key);
+    if (!entry) {
+      // Past the bound, the units of further pairs stay in this instance only (as if never merged).
+      if (this.#unmerged.size >= MAX_UNMERGED) return;
+      entry = { keyHash: consume.keyHash, counterId: consume.counterId, hourStart: consume.hourStart, hour: 0, dayStart: consume.dayStart, day: 0, expireAt: consume.expireAt };
+      this.#unmerged.set(key, entry);
+    }
+    if (entry.hourStart < consume.hourStart) Object.assign(entry, { hourStart: consume.hourStart, hour: 0 });
+    if (entry.dayStart < consume.dayStart) Object.assign(entry, { dayStart: consume.dayStart, day: 0, expireAt: consume.expireAt });
+    entry.hour++;
+    entry.day++;
+  }
+
+  /**
+   * Adds the units admitted during an outage to the store, once: a call that fails (Redis away
+   * again, or a reply lost) is not repeated, since it may have counted, and an outage's units
+   * counted twice would refuse clients wrongly; those units then stay in this instance only.
+   */
+  #mergeIntoStore(): void {
+    if (this.#merging) return;
+    const entries = [...this.#unmerged.values()];
+    this.#unmerged = new Map();
+    this.#merging = this.#store
+      .merge(entries)
+      .then(
+        () => this.#observer?.merged?.(entries.length, 'ok'),
+        () => this.#observer?.merged?.(entries.length, 'failed'),
+      )
+      .finally(() => {
+        this.#merging = undefined;
+      });
   }
 
   #storeFailed(err: StoreUnavailableError): void {

@@ -1,6 +1,6 @@
 import type { LRUCache } from 'lru-cache';
 import { boundedCache } from './bounded-cache.js';
-import { countStep, type ConsumeRequest, type CounterStore, type Counts, type Usage, type WindowIds } from './store.js';
+import { countStep, mergeStep, type ConsumeRequest, type CounterStore, type Counts, type MergeEntry, type Usage, type WindowIds } from './store.js';
 
 /**
  * Counters in this process: the store when no Redis is configured (one instance only), and
@@ -39,6 +39,15 @@ export class MemoryCounterStore implements CounterStore {
       this.#entries.set(key, { hourStart: next.hourStart, hour: next.hour, dayStart: next.dayStart, day: next.day }, { ttl });
     }
     return { allowed: next.allowed, hour: next.hour, day: next.day };
+  }
+
+  async merge(entries: readonly MergeEntry[]): Promise<void> {
+    for (const entry of entries) {
+      const key = entry.keyHash + ':' + entry.counterId;
+      // A counter already in a later day keeps its own, later, expiry.
+      const ttl = Math.max(1, entry.expireAt - this.#now(), this.#entries.getRemainingTTL(key));
+      this.#entries.set(key, mergeStep(this.#entries.get(key), entry), { ttl });
+    }
   }
 
   async usage(keyHash: string, rows: ReadonlyArray<{ readonly counterId: string } & WindowIds>): Promise<Usage[]> {

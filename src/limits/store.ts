@@ -1,5 +1,5 @@
 /**
- * The counter-store contract. A backend implements three small methods; the policy (windows,
+ * The counter-store contract. A backend implements four small methods; the policy (windows,
  * plans, refusal cache, what to do while the store is away) lives in the limiter.
  *
  * One counter holds both windows of one (API key, row) pair. `consume` is a single atomic
@@ -42,8 +42,22 @@ export interface Usage {
   readonly day: number;
 }
 
+/**
+ * Units one instance counted on its own (its insurance counters, while the store was away),
+ * to be added to the store's counter of the same (key, row) once the store is back.
+ */
+export interface MergeEntry extends CounterKey, WindowIds {
+  /** Units counted in the hour window starting at `hourStart`, and in the day window starting at `dayStart`. */
+  readonly hour: number;
+  readonly day: number;
+  /** As in ConsumeRequest: when the counter may be dropped. */
+  readonly expireAt: number;
+}
+
 export interface CounterStore {
   consume(request: ConsumeRequest): Promise<Counts>;
+  /** Adds units counted elsewhere to their windows, past the limits if need be (see mergeStep). */
+  merge(entries: readonly MergeEntry[]): Promise<void>;
   /** Units used by one key in the given windows of several rows, in the order asked. */
   usage(keyHash: string, rows: ReadonlyArray<{ readonly counterId: string } & WindowIds>): Promise<Usage[]>;
   /** Drops the counters of one key on the given rows. */
@@ -91,4 +105,24 @@ export function countStep(
     return { allowed: false, hourStart, hour, dayStart, day };
   }
   return { allowed: true, hourStart, hour: hour + 1, dayStart, day: day + 1 };
+}
+
+/**
+ * The merging rule shared by every backend (the Redis Lua script mirrors it): units of a window
+ * the counter is still in are added; a window the counter has not reached yet starts with them;
+ * a window the counter has already left behind (another instance started the next one) is not
+ * touched, since those units belong to a window that is over.
+ */
+export function mergeStep(
+  stored: { hourStart: number; hour: number; dayStart: number; day: number } | undefined,
+  entry: MergeEntry,
+): { hourStart: number; hour: number; dayStart: number; day: number } {
+  let { hourStart, hour, dayStart, day } = entry;
+  if (stored) {
+    if (stored.hourStart > hourStart) ({ hourStart, hour } = stored);
+    else if (stored.hourStart === hourStart) hour += stored.hour;
+    if (stored.dayStart > dayStart) ({ dayStart, day } = stored);
+    else if (stored.dayStart === dayStart) day += stored.day;
+  }
+  return { hourStart, hour, dayStart, day };
 }

@@ -64,6 +64,12 @@ export class GatewayMetrics implements LimiterObserver {
     labelNames: ['mode'] as const,
     registers: [this.registry],
   });
+  readonly insuranceMerges = new Counter({
+    name: 'oapi_gateway_insurance_merged_total',
+    help: 'Counters (key, row) whose units admitted from the insurance counters during a Redis outage were added to Redis once it was back, by result (ok, failed: those units stay uncounted in Redis).',
+    labelNames: ['result'] as const,
+    registers: [this.registry],
+  });
   readonly reloads = new Counter({
     name: 'oapi_gateway_limits_reloads_total',
     help: 'Limit-table loads, by result (ok, unchanged, invalid).',
@@ -128,5 +134,9 @@ export class GatewayMetrics implements LimiterObserver {
 
   fallback(mode: FailureMode): void {
     this.storeFallbacks.labels(mode).inc();
+  }
+
+  merged(counters: number, result: 'ok' | 'failed'): void {
+    this.insuranceMerges.labels(result).inc(counters);
   }
 }

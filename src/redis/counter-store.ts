@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import type { Cluster, Redis } from 'ioredis';
-import type { ConsumeRequest, CounterStore, Counts, StoreUnavailableError, Usage, WindowIds } from '../limits/store.js';
+import type { ConsumeRequest, CounterStore, Counts, MergeEntry, StoreUnavailableError, Usage, WindowIds } from '../limits/store.js';
 import type { RedisClient } from './connection.js';
 import { toStoreError } from './errors.js';
 
@@ -31,6 +31,8 @@ import { toStoreError } from './errors.js';
 const RECEIPTS_KEPT = 8;
 /** Arguments per request: hourStart, dayStart, hourLimit, dayLimit, expireAt, force. */
 const ARGS_PER_KEY = 6;
+/** Arguments per merged counter: hourStart, hour, dayStart, day, expireAt. */
+const ARGS_PER_MERGE = 5;
 
 // The rule of countStep() in limits/store.ts, for every request of a call: windows only move
 // forward, a refusal writes nothing. KEYS: one counter per request (repeats allowed); ARGV: six
@@ -106,6 +108,26 @@ redis.call('HSET', KEYS[1], 'hc', hc, 'dc', dc, 'rc', rc)
 return units
 `;
 
+// The rule of mergeStep() in limits/store.ts. KEYS: distinct counters; ARGV: five arguments per
+// counter: hourStart, hour units, dayStart, day units, expireAt. Receipts ('rc') are left as they are.
+const MERGE_SCRIPT = `
+for i = 1, #KEYS do
+  local a = (i - 1) * ${ARGS_PER_MERGE}
+  local v = redis.call('HMGET', KEYS[i], 'hs', 'hc', 'ds', 'dc')
+  local hs, hc = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  local ds, dc = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+  local shs, sds = tonumber(v[1]), tonumber(v[3])
+  if shs and shs > hs then hs, hc = shs, tonumber(v[2]) or 0 elseif shs == hs then hc = hc + (tonumber(v[2]) or 0) end
+  local newDay = not sds or sds < ds
+  if sds and sds > ds then ds, dc = sds, tonumber(v[4]) or 0 elseif sds == ds then dc = dc + (tonumber(v[4]) or 0) end
+  redis.call('HSET', KEYS[i], 'hs', hs, 'hc', hc, 'ds', ds, 'dc', dc)
+  if newDay then redis.call('PEXPIREAT', KEYS[i], ARGV[a + 5]) end
+end
+return #KEYS
+`;
+/** Counters per merge call on a single Redis: a bound on how long one script holds Redis. */
+const MERGE_CHUNK = 200;
+
 interface Pending {
   readonly key: string;
   readonly request: ConsumeRequest;
@@ -122,6 +144,8 @@ interface ScriptCommands {
   /** `numberOfKeys`, the counters, six arguments per counter, the receipt. */
   oapiConsumeMany(numberOfKeys: number, ...keysThenArgs: Array<string | number>): Promise<number[]>;
   oapiUndo(key: string, receipt: string, hourStart: number, dayStart: number): Promise<number>;
+  oapiMerge(key: string, ...args: number[]): Promise<number>;
+  oapiMergeMany(numberOfKeys: number, ...keysThenArgs: Array<string | number>): Promise<number>;
 }
 
 /** Calls in doubt remembered at most; beyond, the oldest are given up (their units may stay counted twice). */
@@ -146,6 +170,8 @@ export class RedisCounterStore implements CounterStore {
     client.defineCommand('oapiConsume', { numberOfKeys: 1, lua: CONSUME_SCRIPT });
     client.defineCommand('oapiConsumeMany', { lua: CONSUME_SCRIPT });
     client.defineCommand('oapiUndo', { numberOfKeys: 1, lua: UNDO_SCRIPT });
+    client.defineCommand('oapiMerge', { numberOfKeys: 1, lua: MERGE_SCRIPT });
+    client.defineCommand('oapiMergeMany', { lua: MERGE_SCRIPT });
     this.#client = client as RedisClient & ScriptCommands;
     this.#prefix = prefix;
     this.#batching = !(client as Cluster).isCluster;
@@ -225,6 +251,23 @@ export class RedisCounterStore implements CounterStore {
       }
     })();
     return this.#reconciling;
+  }
+
+  /** On a single Redis, up to MERGE_CHUNK counters per script call; on a Cluster one per call (a script's keys share a slot). */
+  async merge(entries: readonly MergeEntry[]): Promise<void> {
+    const argsOf = (e: MergeEntry): number[] => [e.hourStart, e.hour, e.dayStart, e.day, e.expireAt];
+    try {
+      if (!this.#batching) {
+        await Promise.all(entries.map((e) => this.#client.oapiMerge(this.counterKey(e.keyHash, e.counterId), ...argsOf(e))));
+        return;
+      }
+      for (let i = 0; i < entries.length; i += MERGE_CHUNK) {
+        const chunk = entries.slice(i, i + MERGE_CHUNK);
+        await this.#client.oapiMergeMany(chunk.length, ...chunk.map((e) => this.counterKey(e.keyHash, e.counterId)), ...chunk.flatMap(argsOf));
+      }
+    } catch (err) {
+      throw toStoreError(err);
+    }
   }
 
   async usage(keyHash: string, rows: ReadonlyArray<{ readonly counterId: string } & WindowIds>): Promise<Usage[]> {

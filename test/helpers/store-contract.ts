@@ -97,6 +97,21 @@ export function describeCounterStore(name: string, makeStore: () => CounterStore
       expect(await store.usage(keyHash, [{ counterId: 'kept', hourStart: H, dayStart: D }])).toEqual([{ hour: 1, day: 1 }]);
     });
 
+    it('merges units counted elsewhere into the windows they name, past the limits, leaving later windows alone', async () => {
+      await store.consume(req());
+      const entry = { keyHash, counterId: 'row', hourStart: H, hour: 4, dayStart: D, day: 4, expireAt: (D + 3 * 86_400) * 1000 };
+      await store.merge([entry, { ...entry, counterId: 'fresh', hour: 2, day: 3 }]);
+      expect(await store.usage(keyHash, [{ counterId: 'row', hourStart: H, dayStart: D }, { counterId: 'fresh', hourStart: H, dayStart: D }])).toEqual([
+        { hour: 5, day: 5 },
+        { hour: 2, day: 3 },
+      ]);
+      expect(await store.consume(req())).toEqual({ allowed: false, hour: 5, day: 5 });
+      // Units of an hour that is over are not added to the next one, which the counter is already in.
+      await store.consume(req({ counterId: 'moved', hourStart: H + 3600 }));
+      await store.merge([{ ...entry, counterId: 'moved', hour: 3, day: 3 }]);
+      expect(await store.usage(keyHash, [{ counterId: 'moved', hourStart: H + 3600, dayStart: D }])).toEqual([{ hour: 1, day: 4 }]);
+    });
+
     it('admits exactly the limit under concurrent requests', async () => {
       const results = await Promise.all(Array.from({ length: 200 }, () => store.consume(req({ hourLimit: 50, dayLimit: 60 }))));
       expect(results.filter((r) => r.allowed)).toHaveLength(50);

@@ -30,6 +30,12 @@ class ObservedStore implements CounterStore {
     if (this.failing) throw this.failing;
     return this.inner.consume(r);
   }
+  merges: Array<Parameters<CounterStore['merge']>[0]> = [];
+  async merge(entries: Parameters<CounterStore['merge']>[0]): Promise<void> {
+    this.merges.push(entries);
+    if (this.failing) throw this.failing;
+    return this.inner.merge(entries);
+  }
   usage = (...args: Parameters<CounterStore['usage']>) => this.inner.usage(...args);
   reset = (...args: Parameters<CounterStore['reset']>) => this.inner.reset(...args);
 }
@@ -147,6 +153,53 @@ describe('Limiter', () => {
     clock.advance(1001);
     expect(counted(await check(limiter, small))).toMatchObject({ allowed: true, source: 'store', hour: { used: 2 } });
     expect(limiter.storeTrouble()).toBeUndefined();
+  });
+
+  it('adds what it admitted from the insurance counters to the store once the store answers again, once', async () => {
+    const limiter = make('insurance');
+    await check(limiter, small); // 1 in the store
+    store.failing = new StoreUnavailableError('connection', 'down');
+    for (let i = 0; i < 2; i++) expect(counted(await check(limiter, small))).toMatchObject({ allowed: true, source: 'insurance' });
+    await check(limiter, shadow, 'other'); // a shadow row's units count too
+    expect(store.merges).toEqual([]); // nothing is sent while the store is away
+
+    store.failing = undefined;
+    clock.advance(1001);
+    // This request is counted by the store as usual (2), and the outage's 2 units follow it.
+    expect(counted(await check(limiter, small))).toMatchObject({ allowed: true, source: 'store', hour: { used: 2 } });
+    await limiter.merged();
+    expect(store.merges).toHaveLength(1);
+    const windows = t.calendar.at(clock.now());
+    expect(store.merges[0]).toEqual([
+      expect.objectContaining({ keyHash: 'key', counterId: small.counterId, hourStart: windows.hourStart / 1000, hour: 2, dayStart: windows.dayStart / 1000, day: 2 }),
+      expect.objectContaining({ keyHash: 'other', counterId: shadow.counterId, hour: 1, day: 1 }),
+    ]);
+    // The store now holds every admission: 4 of 3 used, so the next request is refused.
+    expect(counted(await check(limiter, small))).toMatchObject({ allowed: false, source: 'store', hour: { used: 4 } });
+    await limiter.merged();
+    expect(store.merges).toHaveLength(1); // merged once, not again
+  });
+
+  it('does not repeat a merge that failed (it may have counted), and drops the units of a key reset elsewhere', async () => {
+    const limiter = make('insurance');
+    store.failing = new StoreUnavailableError('connection', 'down');
+    await check(limiter, small);
+    await check(limiter, small, 'reset-me');
+    await limiter.forgetKey('reset-me', [small]);
+    store.failing = undefined;
+    clock.advance(1001);
+    const mergeFails = store.merge.bind(store);
+    store.merge = async (entries) => {
+      store.merges.push(entries);
+      throw new StoreUnavailableError('timeout', 'lost');
+    };
+    await check(limiter, small, 'third');
+    await limiter.merged();
+    expect(store.merges).toEqual([[expect.objectContaining({ keyHash: 'key', hour: 1 })]]);
+    store.merge = mergeFails;
+    await check(limiter, small, 'third');
+    await limiter.merged();
+    expect(store.merges).toHaveLength(1);
   });
 
   it('admits without counting in open mode, and answers unavailable in closed mode', async () => {
