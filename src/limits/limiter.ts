@@ -1,7 +1,7 @@
 import type { LRUCache } from 'lru-cache';
 import { boundedCache } from './bounded-cache.js';
 import type { LimitRow, RowLimits } from '../config/limit-table.js';
-import { StoreUnavailableError, type CounterStore, type Counts, type MergeEntry, type Usage } from './store.js';
+import { MergeFailedError, mergeStep, StoreUnavailableError, type CounterStore, type Counts, type MergeEntry, type Usage } from './store.js';
 import { secondsUntil, systemClock, type Clock, type WindowCalendar, type Windows } from './windows.js';
 
 /**
@@ -53,7 +53,10 @@ export interface LimiterObserver {
   storeError(kind: StoreUnavailableError['kind']): void;
   fallback(mode: FailureMode): void;
   storeCall(): void;
-  /** Counters of insurance-counted units handed to the store once it was back. */
+  /**
+   * Counters of insurance-counted units handed to the store once it was back: `ok` added,
+   * `failed` perhaps added, perhaps not (not tried again).
+   */
   merged?(counters: number, result: 'ok' | 'failed'): void;
 }
 
@@ -176,6 +179,8 @@ export class Limiter {
 
   /** Drops a key's counters on the given rows, in the store and in this instance's memory. */
   async reset(keyHash: string, rows: readonly LimitRow[]): Promise<void> {
+    // A merge in flight may carry this key's outage units: they must land before the reset, not after it.
+    while (this.#merging) await this.#merging;
     await this.forgetKey(keyHash, rows);
     await this.#store.reset(keyHash, rows.map((row) => row.counterId));
   }
@@ -218,6 +223,7 @@ export class Limiter {
   #countUnmerged(key: string, consume: Parameters<CounterStore['consume']>[0]): void {
     let entry = this.#unmerged.get(key);
     if (!entry) {
+      if (this.#unmerged.size >= MAX_UNMERGED) this.#dropEndedDays();
       // Past the bound, the units of further pairs stay in this instance only (as if never merged).
       if (this.#unmerged.size >= MAX_UNMERGED) return;
       entry = { keyHash: consume.keyHash, counterId: consume.counterId, hourStart: consume.hourStart, hour: 0, dayStart: consume.dayStart, day: 0, expireAt: consume.expireAt };
@@ -229,10 +235,16 @@ export class Limiter {
     entry.day++;
   }
 
+  /** Pairs whose counters have expired anyway hold nothing worth adding. */
+  #dropEndedDays(): void {
+    const now = this.#clock.now();
+    for (const [key, entry] of this.#unmerged) if (entry.expireAt <= now) this.#unmerged.delete(key);
+  }
+
   /**
-   * Adds the units admitted during an outage to the store, once: a call that fails (Redis away
-   * again, or a reply lost) is not repeated, since it may have counted, and an outage's units
-   * counted twice would refuse clients wrongly; those units then stay in this instance only.
+   * Adds the units admitted during an outage to the store, once. Units a failed merge may have
+   * added are not sent again (an outage counted twice would refuse clients wrongly): they stay
+   * in this instance only. Those it certainly did not add wait for the next try.
    */
   #mergeIntoStore(): void {
     if (this.#merging) return;
@@ -242,11 +254,22 @@ export class Limiter {
       .merge(entries)
       .then(
         () => this.#observer?.merged?.(entries.length, 'ok'),
-        () => this.#observer?.merged?.(entries.length, 'failed'),
+        (err: unknown) => {
+          const retry = err instanceof MergeFailedError ? err.notApplied : [];
+          for (const entry of retry) this.#requeue(entry);
+          this.#observer?.merged?.(entries.length - retry.length, 'failed');
+        },
       )
       .finally(() => {
         this.#merging = undefined;
       });
+  }
+
+  /** Puts back units a merge did not add, together with any counted since. */
+  #requeue(entry: MergeEntry): void {
+    const key = entry.keyHash + ':' + entry.counterId;
+    const since = this.#unmerged.get(key);
+    this.#unmerged.set(key, { ...entry, ...mergeStep(since, entry), expireAt: Math.max(entry.expireAt, since?.expireAt ?? 0) });
   }
 
   #storeFailed(err: StoreUnavailableError): void {

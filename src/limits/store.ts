@@ -79,6 +79,20 @@ export class StoreUnavailableError extends Error {
 }
 
 /**
+ * A merge that failed part-way. `notApplied` are the entries it certainly did not add (their
+ * calls were never sent), which may be tried again; the others may have been added.
+ */
+export class MergeFailedError extends StoreUnavailableError {
+  readonly notApplied: readonly MergeEntry[];
+
+  constructor(cause: StoreUnavailableError, notApplied: readonly MergeEntry[]) {
+    super(cause.kind, cause.message, { cause });
+    this.name = 'MergeFailedError';
+    this.notApplied = notApplied;
+  }
+}
+
+/**
  * The counting rule shared by every backend (the Redis Lua script mirrors it line by line).
  * Windows only move forward: when another instance, whose clock is slightly ahead, has already
  * started the next window, this step counts in that window rather than resetting it.

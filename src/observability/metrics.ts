@@ -66,7 +66,7 @@ export class GatewayMetrics implements LimiterObserver {
   });
   readonly insuranceMerges = new Counter({
     name: 'oapi_gateway_insurance_merged_total',
-    help: 'Counters (key, row) whose units admitted from the insurance counters during a Redis outage were added to Redis once it was back, by result (ok, failed: those units stay uncounted in Redis).',
+    help: 'Counters (key, row) whose units admitted from the insurance counters during a Redis outage were handed to Redis once it was back, by result (ok: added; failed: the call failed, so they may or may not be in Redis, and are not sent again).',
     labelNames: ['result'] as const,
     registers: [this.registry],
   });

@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import type { Cluster, Redis } from 'ioredis';
-import type { ConsumeRequest, CounterStore, Counts, MergeEntry, StoreUnavailableError, Usage, WindowIds } from '../limits/store.js';
+import { MergeFailedError, type ConsumeRequest, type CounterStore, type Counts, type MergeEntry, type StoreUnavailableError, type Usage, type WindowIds } from '../limits/store.js';
 import type { RedisClient } from './connection.js';
 import { toStoreError } from './errors.js';
 
@@ -253,21 +253,32 @@ export class RedisCounterStore implements CounterStore {
     return this.#reconciling;
   }
 
-  /** On a single Redis, up to MERGE_CHUNK counters per script call; on a Cluster one per call (a script's keys share a slot). */
+  /**
+   * In waves of MERGE_CHUNK counters, one after the other, so that requests counted meanwhile
+   * never queue behind a long merge: on a single Redis one script call per wave, on a Cluster
+   * one per counter (a script's keys must share a slot). After a failed call no further wave is
+   * sent, and the error names the entries certainly not added: those of the waves not sent.
+   */
   async merge(entries: readonly MergeEntry[]): Promise<void> {
     const argsOf = (e: MergeEntry): number[] => [e.hourStart, e.hour, e.dayStart, e.day, e.expireAt];
-    try {
-      if (!this.#batching) {
-        await Promise.all(entries.map((e) => this.#client.oapiMerge(this.counterKey(e.keyHash, e.counterId), ...argsOf(e))));
-        return;
+    const keyOf = (e: MergeEntry): string => this.counterKey(e.keyHash, e.counterId);
+    const notApplied: MergeEntry[] = [];
+    let failure: StoreUnavailableError | undefined;
+    for (let i = 0; i < entries.length; i += MERGE_CHUNK) {
+      const wave = entries.slice(i, i + MERGE_CHUNK);
+      if (failure) {
+        notApplied.push(...wave);
+        continue;
       }
-      for (let i = 0; i < entries.length; i += MERGE_CHUNK) {
-        const chunk = entries.slice(i, i + MERGE_CHUNK);
-        await this.#client.oapiMergeMany(chunk.length, ...chunk.map((e) => this.counterKey(e.keyHash, e.counterId)), ...chunk.flatMap(argsOf));
-      }
-    } catch (err) {
-      throw toStoreError(err);
+      const calls = this.#batching
+        ? [this.#client.oapiMergeMany(wave.length, ...wave.map(keyOf), ...wave.flatMap(argsOf))]
+        : wave.map((e) => this.#client.oapiMerge(keyOf(e), ...argsOf(e)));
+      // A failed call may have added some of its counters (a script stopped by an error keeps
+      // the writes it made), so only the waves never sent count as not applied.
+      const results = await Promise.allSettled(calls);
+      for (const result of results) if (result.status === 'rejected') failure ??= toStoreError(result.reason);
     }
+    if (failure) throw new MergeFailedError(failure, notApplied);
   }
 
   async usage(keyHash: string, rows: ReadonlyArray<{ readonly counterId: string } & WindowIds>): Promise<Usage[]> {

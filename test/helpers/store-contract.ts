@@ -110,6 +110,10 @@ export function describeCounterStore(name: string, makeStore: () => CounterStore
       await store.consume(req({ counterId: 'moved', hourStart: H + 3600 }));
       await store.merge([{ ...entry, counterId: 'moved', hour: 3, day: 3 }]);
       expect(await store.usage(keyHash, [{ counterId: 'moved', hourStart: H + 3600, dayStart: D }])).toEqual([{ hour: 1, day: 4 }]);
+      // Nor units of a day that is over to the next day.
+      await store.consume(req({ counterId: 'next-day', hourStart: H + 86_400, dayStart: D + 86_400 }));
+      await store.merge([{ ...entry, counterId: 'next-day', hour: 3, day: 3 }]);
+      expect(await store.usage(keyHash, [{ counterId: 'next-day', hourStart: H + 86_400, dayStart: D + 86_400 }])).toEqual([{ hour: 1, day: 1 }]);
     });
 
     it('admits exactly the limit under concurrent requests', async () => {

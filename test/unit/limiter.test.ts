@@ -4,7 +4,7 @@ import type { LimitRow, LimitTable } from '../../src/config/limit-table.js';
 import { rateLimitHeaders, retryAfterHeader } from '../../src/limits/headers.js';
 import { Limiter, type Decision, type FailureMode } from '../../src/limits/limiter.js';
 import { MemoryCounterStore } from '../../src/limits/memory-store.js';
-import { StoreUnavailableError, type ConsumeRequest, type CounterStore, type Counts } from '../../src/limits/store.js';
+import { MergeFailedError, StoreUnavailableError, type ConsumeRequest, type CounterStore, type Counts } from '../../src/limits/store.js';
 import { FakeClock } from '../helpers/clock.js';
 
 const TABLE = `
@@ -200,6 +200,67 @@ describe('Limiter', () => {
     await check(limiter, small, 'third');
     await limiter.merged();
     expect(store.merges).toHaveLength(1);
+  });
+
+  it('tries again the units a failed merge never sent, together with those counted since', async () => {
+    const limiter = make('insurance');
+    const down = new StoreUnavailableError('connection', 'down');
+    store.failing = down;
+    await check(limiter, small, 'a');
+    await check(limiter, small, 'b');
+    store.failing = undefined;
+    clock.advance(1001);
+    const mergeWorks = store.merge.bind(store);
+    store.merge = async (entries) => {
+      store.merges.push(entries);
+      // The first wave failed: 'a' may be in, 'b' was never sent.
+      throw new MergeFailedError(new StoreUnavailableError('connection', 'down'), entries.filter((e) => e.keyHash === 'b'));
+    };
+    await check(limiter, small, 'c');
+    await limiter.merged();
+    store.merge = mergeWorks;
+    // Away again: one more unit of 'b' from the insurance counters.
+    store.failing = down;
+    await check(limiter, small, 'd');
+    expect(counted(await check(limiter, small, 'b'))).toMatchObject({ allowed: true, source: 'insurance' });
+    store.failing = undefined;
+    clock.advance(1001);
+    await check(limiter, small, 'e');
+    await limiter.merged();
+    expect(store.merges).toHaveLength(2);
+    expect(store.merges[1]).toEqual(expect.arrayContaining([expect.objectContaining({ keyHash: 'b', hour: 2, day: 2 }), expect.objectContaining({ keyHash: 'd', hour: 1 })]));
+    expect(store.merges[1]?.some((e) => e.keyHash === 'a')).toBe(false);
+  });
+
+  it('lets a merge in flight land before a reset of its key (regression: the merge undid the reset)', async () => {
+    const limiter = make('insurance');
+    store.failing = new StoreUnavailableError('connection', 'down');
+    await check(limiter, small);
+    store.failing = undefined;
+    clock.advance(1001);
+    const order: string[] = [];
+    let release = (): void => {};
+    const gate = new Promise<void>((resolve) => (release = resolve));
+    const mergeWorks = store.merge.bind(store);
+    store.merge = async (entries) => {
+      await gate;
+      await mergeWorks(entries);
+      order.push('merge');
+    };
+    const resetWorks = store.reset;
+    store.reset = async (...args) => {
+      order.push('reset');
+      return resetWorks(...args);
+    };
+    await check(limiter, small, 'other'); // back: the merge of 'key' starts, and waits at the gate
+    const resetting = limiter.reset('key', [small]);
+    await new Promise((resolve) => setTimeout(resolve, 20));
+    expect(order).toEqual([]);
+    release();
+    await resetting;
+    expect(order).toEqual(['merge', 'reset']);
+    const windows = t.calendar.at(clock.now());
+    expect(await store.usage('key', [{ counterId: small.counterId, hourStart: windows.hourStart / 1000, dayStart: windows.dayStart / 1000 }])).toEqual([{ hour: 0, day: 0 }]);
   });
 
   it('admits without counting in open mode, and answers unavailable in closed mode', async () => {
