@@ -148,9 +148,18 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
   await registry.refresh().catch((err: Error) => logger.warn({ err: err.message }, 'issued keys could not be loaded yet'));
   registry.startPolling(ISSUED_KEYS_POLL_MS);
 
+  const guard = new InvalidKeyGuard({
+    client: redis,
+    prefix: settings.redisKeyPrefix,
+    attempts: settings.invalidKeyAttempts,
+    windowSeconds: settings.invalidKeyWindowSeconds,
+    // Every instance refuses the address from now on, not only those that see it guess.
+    onBlock: (address, until) => void events.publish({ type: 'address-blocked', address, until }).catch(() => {}),
+  });
   events.subscribe((event) => {
     if (event.type === 'usage-reset') void limiter.forgetKey(event.keyHash, tables.current()?.rows ?? []);
     else if (event.type === 'keys-changed') void registry.refresh().catch(() => {});
+    else if (event.type === 'address-blocked') guard.block(event.address, event.until);
     else {
       // Messages may have been lost while the subscription was down.
       limiter.forgetAll();
@@ -169,7 +178,6 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     return result;
   };
 
-  const guard = new InvalidKeyGuard({ client: redis, prefix: settings.redisKeyPrefix, attempts: settings.invalidKeyAttempts, windowSeconds: settings.invalidKeyWindowSeconds });
   const forwarder = new Forwarder({
     bridges: settings.bridges,
     timeoutMs: settings.upstreamTimeoutMs,

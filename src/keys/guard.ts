@@ -12,15 +12,25 @@ import type { RedisClient } from '../redis/connection.js';
  * answered 429 for `windowSeconds`, so keys cannot be guessed and the 401 path is no free
  * flood. Counting is rate-limiter-flexible's: in Redis (shared by every instance) with an
  * in-memory insurance limiter, or in memory alone. The block itself is also remembered here,
- * so a blocked address is refused without any store call.
+ * so a blocked address is refused without any store call, and announced (`onBlock`) so that
+ * every other instance refuses it too (`block`), not only those that see it guess.
  */
 
 export class InvalidKeyGuard {
   readonly #limiter: RateLimiterAbstract;
   readonly #blocked: LRUCache<string, number>;
   readonly #now: () => number;
+  readonly #maxBlockMs: number;
+  readonly #onBlock: (address: string, until: number) => void;
 
-  constructor(options: { client?: RedisClient | undefined; prefix: string; attempts: number; windowSeconds: number; now?: () => number }) {
+  constructor(options: {
+    client?: RedisClient | undefined;
+    prefix: string;
+    attempts: number;
+    windowSeconds: number;
+    now?: () => number;
+    onBlock?: (address: string, until: number) => void;
+  }) {
     const policy = { points: options.attempts, duration: options.windowSeconds, blockDuration: options.windowSeconds };
     const memory = new RateLimiterMemory({ ...policy, keyPrefix: 'badkey' });
     this.#limiter = options.client
@@ -28,6 +38,15 @@ export class InvalidKeyGuard {
       : memory;
     this.#now = options.now ?? Date.now;
     this.#blocked = boundedCache(100_000);
+    this.#maxBlockMs = options.windowSeconds * 1000;
+    this.#onBlock = options.onBlock ?? (() => {});
+  }
+
+  /** Refuses `address` until `until` (epoch ms): a block another instance announced. Never longer than a window. */
+  block(address: string, until: number): void {
+    const ms = Math.min(until - this.#now(), this.#maxBlockMs);
+    if (ms <= 0 || this.blockedFor(address) >= ms) return;
+    this.#blocked.set(address, this.#now() + ms, { ttl: ms });
   }
 
   /** Milliseconds this address stays blocked (0: not blocked). */
@@ -47,7 +66,9 @@ export class InvalidKeyGuard {
     } catch (res) {
       if (!(res instanceof RateLimiterRes)) return 0; // the store failed and so did its insurance: do not block on a fault
       const ms = Math.max(1000, res.msBeforeNext);
-      this.#blocked.set(address, this.#now() + ms, { ttl: ms });
+      const until = this.#now() + ms;
+      this.#blocked.set(address, until, { ttl: ms });
+      this.#onBlock(address, until);
       return ms;
     }
   }

@@ -4,12 +4,36 @@ import { toStoreError } from './errors.js';
 
 /**
  * Events every gateway instance must hear at once: a key's counters were reset (forget its
- * remembered refusals) and the issued keys changed (reload them). Redis pub/sub between
+ * remembered refusals), the issued keys changed (reload them), and an address was blocked by
+ * the invalid-key guard (refuse it here too). Redis pub/sub between
  * instances; a plain emitter for a single in-memory instance. `resync` is raised locally when
  * the subscription comes back after a gap, since messages sent during the gap are lost.
  */
 
-export type GatewayEvent = { readonly type: 'usage-reset'; readonly keyHash: string } | { readonly type: 'keys-changed' } | { readonly type: 'resync' };
+export type GatewayEvent =
+  | { readonly type: 'usage-reset'; readonly keyHash: string }
+  | { readonly type: 'keys-changed' }
+  /** `until`: epoch milliseconds. */
+  | { readonly type: 'address-blocked'; readonly address: string; readonly until: number }
+  | { readonly type: 'resync' };
+
+/** A message from the channel, if it is a well-formed event of ours (anyone who can publish there could send anything). */
+function readEvent(message: string): GatewayEvent | undefined {
+  let event: unknown;
+  try {
+    event = JSON.parse(message);
+  } catch {
+    return undefined;
+  }
+  if (typeof event !== 'object' || event === null) return undefined;
+  const e = event as Record<string, unknown>;
+  if (e.type === 'usage-reset' && typeof e.keyHash === 'string') return { type: 'usage-reset', keyHash: e.keyHash };
+  if (e.type === 'keys-changed') return { type: 'keys-changed' };
+  if (e.type === 'address-blocked' && typeof e.address === 'string' && e.address.length <= 256 && typeof e.until === 'number' && Number.isFinite(e.until)) {
+    return { type: 'address-blocked', address: e.address, until: e.until };
+  }
+  return undefined;
+}
 
 export interface EventBus {
   publish(event: GatewayEvent): Promise<void>;
@@ -46,12 +70,8 @@ export class RedisEventBus implements EventBus {
     this.#channel = channel;
     subscriber.on('message', (ch: string, message: string) => {
       if (ch !== channel) return;
-      try {
-        const event = JSON.parse(message) as GatewayEvent;
-        if (event.type === 'usage-reset' || event.type === 'keys-changed') this.#emitter.emit('event', event);
-      } catch {
-        // not one of ours
-      }
+      const event = readEvent(message);
+      if (event) this.#emitter.emit('event', event);
     });
     subscriber.on('ready', () => {
       if (this.#readyOnce) this.#emitter.emit('event', { type: 'resync' } satisfies GatewayEvent);

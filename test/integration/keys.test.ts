@@ -293,3 +293,44 @@ describe('a client guessing keys', () => {
     expect(calls('get')).toBeLessThanOrEqual(Math.ceil(elapsed / 500) + 1);
   });
 });
+
+describe('a client guessing keys on one of two instances', () => {
+  let pair: GatewayPair;
+  let dir: string;
+  beforeAll(async () => {
+    dir = mkdtempSync(join(tmpdir(), 'oapi-guess-'));
+    const env = { API_KEY_MODE: 'registered', INVALID_KEY_MAX_ATTEMPTS: '3', INVALID_KEY_WINDOW_SECONDS: '60', TRUST_PROXY_HOPS: '1' };
+    pair = await startGatewayPair({ limits: LIMITS, env, dir, label: 'guess' });
+  });
+  afterAll(async () => {
+    await pair?.stop();
+    rmSync(dir, { recursive: true, force: true });
+  });
+
+  it('is refused by the other instance too, valid key or not, as soon as one blocks it (regression: only instances that saw it guess refused it)', async () => {
+    // A plan with room for every request below: a 429 from b can only be the block.
+    const { key } = (await issue(pair.a, 'shared-client', 'market-maker')).json<{ key: string }>();
+    const quote = '/marketdata/quote/VNM';
+    const guesser = { 'X-Forwarded-For': '198.51.100.60' };
+    expect((await call(pair.b, key, quote, guesser)).status).toBe(200);
+
+    const statuses: number[] = [];
+    for (let i = 0; i < 4; i++) statuses.push((await call(pair.a, `guess-${i}`, '/orders/1', guesser)).status);
+    expect(statuses).toEqual([401, 401, 401, 429]);
+
+    // Instance b never saw a bad key from this address; the block reaches it over pub/sub.
+    const deadline = Date.now() + 1500;
+    let onB = await call(pair.b, key, quote, guesser);
+    while (onB.status !== 429 && Date.now() < deadline) {
+      await new Promise((resolve) => setTimeout(resolve, 25));
+      onB = await call(pair.b, key, quote, guesser);
+    }
+    expect(onB.status).toBe(429);
+    expect(onB.text).toBe('{"error":"Rate Limit Exceeded","message":"Too Many Requests"}');
+    expect(onB.headers['x-ratelimit-remaining-hour']).toBeUndefined(); // refused before counting: the block, not the key's limit
+    expect(Number(onB.headers['retry-after'])).toBeGreaterThan(50);
+    expect(Number(onB.headers['retry-after'])).toBeLessThanOrEqual(60);
+    // Another address with the same key is served on both.
+    for (const gw of [pair.a, pair.b]) expect((await call(gw, key, quote, { 'X-Forwarded-For': '198.51.100.61' })).status).toBe(200);
+  });
+});
