@@ -154,12 +154,12 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     attempts: settings.invalidKeyAttempts,
     windowSeconds: settings.invalidKeyWindowSeconds,
     // Every instance refuses the address from now on, not only those that see it guess.
-    onBlock: (address, until) => void events.publish({ type: 'address-blocked', address, until }).catch(() => {}),
+    onBlock: (address, ms) => void events.publish({ type: 'address-blocked', address, ms }).catch(() => {}),
   });
   events.subscribe((event) => {
     if (event.type === 'usage-reset') void limiter.forgetKey(event.keyHash, tables.current()?.rows ?? []);
     else if (event.type === 'keys-changed') void registry.refresh().catch(() => {});
-    else if (event.type === 'address-blocked') guard.block(event.address, event.until);
+    else if (event.type === 'address-blocked') guard.block(event.address, event.ms);
     else {
       // Messages may have been lost while the subscription was down.
       limiter.forgetAll();

@@ -88,10 +88,12 @@ function withRows(text: string, errors: SourceError[]): SourceError[] {
 
 interface RowInText {
   readonly row: number;
-  readonly name: string | undefined;
+  name: string | undefined;
   /** First and last line of the row (1-based). */
   readonly line: number;
   lastLine: number;
+  /** Column of the row's own keys (after its `- `); a `name:` deeper in is not the row's. */
+  readonly keyIndent: number;
 }
 
 function rowsInText(text: string): RowInText[] {
@@ -99,30 +101,45 @@ function rowsInText(text: string): RowInText[] {
   const rows: RowInText[] = [];
   const start = lines.findIndex((l) => /^limits\s*:/.test(l));
   if (start === -1) return rows;
-  let indent: number | undefined;
+  // Column of the first row's `-`; a `-` left of its keys starts a row even when misindented.
+  let rowIndent: number | undefined;
   for (let i = start + 1; i < lines.length; i++) {
     const line = lines[i] as string;
     if (/^\s*(#|$)/.test(line)) continue;
-    // The next top-level key ends the rows.
-    if (/^[^\s-]/.test(line)) break;
-    const dash = /^(\s*)-(\s|$)/.exec(line);
-    indent ??= dash?.[1]?.length;
-    if (dash && dash[1]?.length === indent) {
-      rows.push({ row: rows.length + 1, name: undefined, line: i + 1, lastLine: i + 1 });
+    // The next top-level key, or the end of the YAML document, ends the rows.
+    if (/^[^\s-]/.test(line) || /^(---|\.\.\.)(\s|$)/.test(line)) break;
+    const dash = /^([ \t]*)-([ \t]+|$)/.exec(line);
+    const dashIndent = dash?.[1]?.length;
+    rowIndent ??= dashIndent;
+    if (dash && dashIndent !== undefined && rowIndent !== undefined && dashIndent < rowIndent + 2) {
+      rows.push({ row: rows.length + 1, name: undefined, line: i + 1, lastLine: i + 1, keyIndent: dash[0].length });
     }
     const current = rows[rows.length - 1];
     if (!current) continue;
     current.lastLine = i + 1;
-    const name = /^\s*(?:-\s+)?name\s*:\s*(.*?)\s*$/.exec(line)?.[1];
-    if (name && current.name === undefined) rows[rows.length - 1] = { ...current, name: unquoted(name) };
+    current.name ??= rowName(line, current.line === i + 1, current.keyIndent);
   }
   return rows;
 }
 
-/** A row name as written: quotes taken off, a trailing comment dropped. */
+/** The row's `name` if this line gives it: `- name: X`, `- { name: X, … }` on its first line, or `name: X` at the row's own key column. */
+function rowName(line: string, first: boolean, keyIndent: number): string | undefined {
+  if (first) {
+    const flow = /^[ \t]*-[ \t]+\{.*?\bname\s*:\s*("[^"]*"|'[^']*'|[^,}]*)/.exec(line)?.[1];
+    if (flow !== undefined) return unquoted(flow.trim());
+    const block = /^[ \t]*-[ \t]+name\s*:\s*(.*?)\s*$/.exec(line)?.[1];
+    if (block) return unquoted(block);
+  }
+  const indent = /^[ \t]*/.exec(line)?.[0].length ?? 0;
+  const nested = indent === keyIndent ? /^[ \t]*name\s*:\s*(.*?)\s*$/.exec(line)?.[1] : undefined;
+  return nested ? unquoted(nested) : undefined;
+}
+
+/** A row name as written: quotes taken off (an unclosed one too), a trailing comment dropped. */
 function unquoted(value: string): string {
   const quoted = /^(["'])(.*?)\1/.exec(value);
-  return quoted ? (quoted[2] as string) : value.replace(/\s+#.*$/, '');
+  if (quoted) return quoted[2] as string;
+  return value.replace(/^["']/, '').replace(/\s+#.*$/, '');
 }
 
 /** Reads the rows; `routesSeen` gets every well-formed route, also those of rows with errors. */

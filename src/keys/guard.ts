@@ -21,7 +21,7 @@ export class InvalidKeyGuard {
   readonly #blocked: LRUCache<string, number>;
   readonly #now: () => number;
   readonly #maxBlockMs: number;
-  readonly #onBlock: (address: string, until: number) => void;
+  readonly #onBlock: (address: string, ms: number) => void;
 
   constructor(options: {
     client?: RedisClient | undefined;
@@ -29,7 +29,7 @@ export class InvalidKeyGuard {
     attempts: number;
     windowSeconds: number;
     now?: () => number;
-    onBlock?: (address: string, until: number) => void;
+    onBlock?: (address: string, ms: number) => void;
   }) {
     const policy = { points: options.attempts, duration: options.windowSeconds, blockDuration: options.windowSeconds };
     const memory = new RateLimiterMemory({ ...policy, keyPrefix: 'badkey' });
@@ -42,11 +42,11 @@ export class InvalidKeyGuard {
     this.#onBlock = options.onBlock ?? (() => {});
   }
 
-  /** Refuses `address` until `until` (epoch ms): a block another instance announced. Never longer than a window. */
-  block(address: string, until: number): void {
-    const ms = Math.min(until - this.#now(), this.#maxBlockMs);
-    if (ms <= 0 || this.blockedFor(address) >= ms) return;
-    this.#blocked.set(address, this.#now() + ms, { ttl: ms });
+  /** Refuses `address` for `ms` from now: a block another instance announced. Never longer than a window. */
+  block(address: string, ms: number): void {
+    const span = Math.min(ms, this.#maxBlockMs);
+    if (!(span > 0) || this.blockedFor(address) >= span) return;
+    this.#blocked.set(address, this.#now() + span, { ttl: span });
   }
 
   /** Milliseconds this address stays blocked (0: not blocked). */
@@ -66,9 +66,10 @@ export class InvalidKeyGuard {
     } catch (res) {
       if (!(res instanceof RateLimiterRes)) return 0; // the store failed and so did its insurance: do not block on a fault
       const ms = Math.max(1000, res.msBeforeNext);
-      const until = this.#now() + ms;
-      this.#blocked.set(address, until, { ttl: ms });
-      this.#onBlock(address, until);
+      // Requests that were already past the check when the block began end here too: announced once.
+      const known = this.blockedFor(address) > 0;
+      this.#blocked.set(address, this.#now() + ms, { ttl: ms });
+      if (!known) this.#onBlock(address, ms);
       return ms;
     }
   }

@@ -13,12 +13,12 @@ import { toStoreError } from './errors.js';
 export type GatewayEvent =
   | { readonly type: 'usage-reset'; readonly keyHash: string }
   | { readonly type: 'keys-changed' }
-  /** `until`: epoch milliseconds. */
-  | { readonly type: 'address-blocked'; readonly address: string; readonly until: number }
+  /** `ms`: how long the block lasts from now (a duration, not a time: clocks of instances differ). */
+  | { readonly type: 'address-blocked'; readonly address: string; readonly ms: number }
   | { readonly type: 'resync' };
 
 /** A message from the channel, if it is a well-formed event of ours (anyone who can publish there could send anything). */
-function readEvent(message: string): GatewayEvent | undefined {
+export function readEvent(message: string): GatewayEvent | undefined {
   let event: unknown;
   try {
     event = JSON.parse(message);
@@ -29,8 +29,8 @@ function readEvent(message: string): GatewayEvent | undefined {
   const e = event as Record<string, unknown>;
   if (e.type === 'usage-reset' && typeof e.keyHash === 'string') return { type: 'usage-reset', keyHash: e.keyHash };
   if (e.type === 'keys-changed') return { type: 'keys-changed' };
-  if (e.type === 'address-blocked' && typeof e.address === 'string' && e.address.length <= 256 && typeof e.until === 'number' && Number.isFinite(e.until)) {
-    return { type: 'address-blocked', address: e.address, until: e.until };
+  if (e.type === 'address-blocked' && typeof e.address === 'string' && e.address.length <= 256 && typeof e.ms === 'number' && Number.isFinite(e.ms)) {
+    return { type: 'address-blocked', address: e.address, ms: e.ms };
   }
   return undefined;
 }
