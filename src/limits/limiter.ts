@@ -88,8 +88,6 @@ const EXPIRY_SLACK_MS = 3_600_000;
 /** Bound on (key, row) pairs whose insurance-counted units wait to be added to the store. */
 const MAX_UNMERGED = 200_000;
 
-type Unmerged = { -readonly [K in keyof MergeEntry]: MergeEntry[K] };
-
 export class Limiter {
   readonly #store: CounterStore;
   readonly #insurance: CounterStore | undefined;
@@ -103,7 +101,7 @@ export class Limiter {
   /** Bumped whenever remembered refusals are forgotten; an answer that started before cannot be remembered after. */
   #generation = 0;
   /** Units admitted from the insurance counters, per (key, row), not yet added to the store. */
-  #unmerged = new Map<string, Unmerged>();
+  #unmerged = new Map<string, MergeEntry>();
   #merging: Promise<void> | undefined;
 
   constructor(options: LimiterOptions) {
@@ -158,7 +156,7 @@ export class Limiter {
       const fallback = await this.#fallback(consume);
       if (fallback.kind !== 'counted') return fallback;
       ({ counts, source } = fallback);
-      if (counts.allowed) this.#countUnmerged(spentKey, consume);
+      if (counts.allowed) this.#addUnmerged({ ...consume, hour: 1, day: 1 });
     }
 
     const decision = decide(counts.allowed, counts.hour, counts.day, limits, windows, source, row.shadow, now);
@@ -219,22 +217,6 @@ export class Limiter {
     }
   }
 
-  /** One more unit admitted from the insurance counters, in the windows it was counted in. */
-  #countUnmerged(key: string, consume: Parameters<CounterStore['consume']>[0]): void {
-    let entry = this.#unmerged.get(key);
-    if (!entry) {
-      if (this.#unmerged.size >= MAX_UNMERGED) this.#dropEndedDays();
-      // Past the bound, the units of further pairs stay in this instance only (as if never merged).
-      if (this.#unmerged.size >= MAX_UNMERGED) return;
-      entry = { keyHash: consume.keyHash, counterId: consume.counterId, hourStart: consume.hourStart, hour: 0, dayStart: consume.dayStart, day: 0, expireAt: consume.expireAt };
-      this.#unmerged.set(key, entry);
-    }
-    if (entry.hourStart < consume.hourStart) Object.assign(entry, { hourStart: consume.hourStart, hour: 0 });
-    if (entry.dayStart < consume.dayStart) Object.assign(entry, { dayStart: consume.dayStart, day: 0, expireAt: consume.expireAt });
-    entry.hour++;
-    entry.day++;
-  }
-
   /** Pairs whose counters have expired anyway hold nothing worth adding. */
   #dropEndedDays(): void {
     const now = this.#clock.now();
@@ -256,7 +238,7 @@ export class Limiter {
         () => this.#observer?.merged?.(entries.length, 'ok'),
         (err: unknown) => {
           const retry = err instanceof MergeFailedError ? err.notApplied : [];
-          for (const entry of retry) this.#requeue(entry);
+          for (const entry of retry) this.#addUnmerged(entry);
           this.#observer?.merged?.(entries.length - retry.length, 'failed');
         },
       )
@@ -265,11 +247,20 @@ export class Limiter {
       });
   }
 
-  /** Puts back units a merge did not add, together with any counted since. */
-  #requeue(entry: MergeEntry): void {
-    const key = entry.keyHash + ':' + entry.counterId;
-    const since = this.#unmerged.get(key);
-    this.#unmerged.set(key, { ...entry, ...mergeStep(since, entry), expireAt: Math.max(entry.expireAt, since?.expireAt ?? 0) });
+  /**
+   * Adds units to those waiting for the store, by the rule of mergeStep: one admitted from the
+   * insurance counters, or those a failed merge never sent.
+   */
+  #addUnmerged(units: MergeEntry): void {
+    const key = units.keyHash + ':' + units.counterId;
+    const waiting = this.#unmerged.get(key);
+    if (!waiting) {
+      if (this.#unmerged.size >= MAX_UNMERGED) this.#dropEndedDays();
+      // Past the bound, the units of further pairs stay in this instance only (as if never merged).
+      if (this.#unmerged.size >= MAX_UNMERGED) return;
+    }
+    const { keyHash, counterId, expireAt } = units;
+    this.#unmerged.set(key, { keyHash, counterId, ...mergeStep(waiting, units), expireAt: Math.max(expireAt, waiting?.expireAt ?? 0) });
   }
 
   #storeFailed(err: StoreUnavailableError): void {
