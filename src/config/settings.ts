@@ -270,7 +270,8 @@ export function loadSettings(options: LoadOptions = {}): Settings {
     invalidKeyAttempts: values.invalidKeyAttempts,
     invalidKeyWindowSeconds: values.invalidKeyWindowSeconds,
     shutdownTimeoutMs: values.shutdownTimeoutMs,
-    headersTimeoutMs: values.headersTimeoutMs,
+    // The headers are part of the request: they can never have longer than all of it (Node refuses a longer headersTimeout).
+    headersTimeoutMs: Math.min(values.headersTimeoutMs, values.requestTimeoutMs),
     requestTimeoutMs: values.requestTimeoutMs,
     maxHeaderBytes: values.maxHeaderBytes,
     trustProxyHops: values.trustProxyHops,

@@ -12,7 +12,8 @@ import { prepareRequestHeaders, responseHeaderList } from './headers.js';
  * Forwarding to the bridges (INTERFACE §5.5) with http-proxy-middleware: one proxy and one
  * keep-alive agent per bridge. The bridge's status, headers and body come back unchanged, in
  * one `writeHead` with the gateway's usage headers added. A bridge that cannot be reached
- * gets the client a 502, one that has not answered within `timeoutMs` a 504; once the
+ * gets the client a 502, one that has not answered within `timeoutMs` of receiving the whole
+ * request a 504 (a slow upload is the client's, bounded by the server's request timeout); once the
  * bridge's status line was sent, a broken or stalled bridge closes the client connection.
  */
 
@@ -225,6 +226,10 @@ export class Forwarder {
           // Exactly the path that was counted: http-proxy's own join rewrites "http:/" inside a path.
           // (This event comes before the request head is written.)
           proxyReq.path = basePath + exchange.request.target;
+          // The bridge has UPSTREAM_TIMEOUT_MS to answer from the moment it has the whole request.
+          proxyReq.once('finish', () => {
+            if (exchange.status === undefined) exchange.timer.refresh();
+          });
         },
         proxyRes: (proxyRes, req, res) => this.#answer((req as Tagged)[EXCHANGE], proxyRes, res),
         error: (err, req, res) => {
@@ -289,6 +294,14 @@ export class Forwarder {
   }
 
   #timedOut(exchange: Exchange): void {
+    const upload = exchange.proxyReq;
+    if (exchange.status === undefined && upload && !upload.writableFinished && !upload.writableNeedDrain) {
+      // The body is still on its way and the bridge takes all that comes: the client is the slow
+      // one, which REQUEST_TIMEOUT_MS bounds (408). A bridge that stops reading makes writes back
+      // up (needDrain), and then it is the bridge's 504.
+      exchange.timer.refresh();
+      return;
+    }
     if (exchange.status !== undefined) {
       // Headers were sent and the bridge stalled: all that is left is to close.
       this.#broken(exchange, exchange.request.outgoing);

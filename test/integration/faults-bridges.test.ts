@@ -1,3 +1,4 @@
+import http from 'node:http';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startSandboxBridge, type SandboxBridge } from '../../src/sandbox/bridge.js';
 import { DEMO_PASSWORD, DEMO_USERNAME } from '../../src/sandbox/bodies.js';
@@ -23,6 +24,7 @@ limits:
     per_hour: 100000
     per_day: 1000000
   - { name: Order Status, route: "GET /orders/{id}", per_hour: 100000, per_day: 1000000 }
+  - { name: Order Update, route: "POST /orders/{id}", per_hour: 100000, per_day: 1000000 }
 `;
 
 const UPSTREAM_TIMEOUT_MS = 300;
@@ -194,5 +196,67 @@ describe('many failing exchanges at once', () => {
       2000,
     );
     await expectServingAndCounted(key, plan.length);
+  });
+});
+
+/** A POST whose body the client sends in `chunks` pieces, `gapMs` apart (`stallAfter`: stops sending after that many). */
+function slowUpload(path: string, key: string, chunks: number, gapMs: number, stallAfter = chunks, to: TestGateway = gw): Promise<{ status: number; text: string; ms: number }> {
+  const piece = 'x'.repeat(500);
+  const t0 = performance.now();
+  return new Promise((resolve, reject) => {
+    const req = http.request(`${to.url}${path}`, { method: 'POST', agent: false, headers: { 'X-API-Key': key, 'Content-Type': 'application/octet-stream', 'Content-Length': String(piece.length * chunks) } }, (res) => {
+      let text = '';
+      res.setEncoding('utf8');
+      res.on('data', (c: string) => (text += c));
+      res.on('end', () => resolve({ status: res.statusCode ?? 0, text, ms: performance.now() - t0 }));
+    });
+    req.on('error', reject);
+    let sent = 0;
+    const next = (): void => {
+      if (sent >= stallAfter) return;
+      req.write(piece);
+      sent++;
+      if (sent < chunks) setTimeout(next, gapMs);
+      else req.end();
+    };
+    next();
+  });
+}
+
+describe('a client that uploads slowly', () => {
+  it('is not answered 504 while its body still arrives: the bridge gets UPSTREAM_TIMEOUT_MS from the end of the upload (regression: the upload time counted against the bridge)', async () => {
+    const out = await slowUpload('/orders/ok', newKey(), 6, 150);
+    expect(out.ms).toBeGreaterThan(UPSTREAM_TIMEOUT_MS * 2);
+    expect(out.status).toBe(200);
+    expect(out.text).toBe(OK_BODY);
+  });
+
+  it('still gets a 504 from a bridge that takes the whole body and never answers', async () => {
+    const out = await slowUpload('/orders/silent', newKey(), 3, 100);
+    expect(out.status).toBe(504);
+    // Counted from the end of the upload (~200 ms), not from its start.
+    expect(out.ms).toBeGreaterThanOrEqual(200 + UPSTREAM_TIMEOUT_MS - 20);
+    expect(out.ms).toBeLessThan(200 + UPSTREAM_TIMEOUT_MS + 1000);
+  });
+});
+
+describe('a client that stops sending its body', () => {
+  let strict: TestGateway;
+  beforeAll(async () => {
+    strict = await startTestGateway({
+      limits: LIMITS,
+      env: { EQT_BRIDGE_URL: bridge.url, FNO_BRIDGE_URL: bridge.url, UPSTREAM_TIMEOUT_MS: String(UPSTREAM_TIMEOUT_MS), REQUEST_TIMEOUT_MS: '1000', LOG_LEVEL: 'warn' },
+    });
+  });
+  afterAll(async () => {
+    await strict?.stop();
+  });
+
+  it('gets the 408 of REQUEST_TIMEOUT_MS, not a 504 blaming the bridge', async () => {
+    const out = await slowUpload('/orders/ok', newKey(), 6, 50, 2, strict);
+    expect(out.status).toBe(408);
+    expect(JSON.parse(out.text)).toEqual({ error: 'Request Timeout', message: 'Request took too long to arrive' });
+    expect(out.ms).toBeGreaterThanOrEqual(1000 - 20);
+    expect(out.ms).toBeLessThan(2500);
   });
 });

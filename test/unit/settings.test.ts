@@ -67,6 +67,11 @@ describe('settings', () => {
     expect(text).not.toContain('\n');
   });
 
+  it('never gives the headers longer than the whole request (regression: REQUEST_TIMEOUT_MS under 10000 alone crashed start-up)', () => {
+    expect(load({ ...BRIDGES, REQUEST_TIMEOUT_MS: '1000' })).toMatchObject({ requestTimeoutMs: 1000, headersTimeoutMs: 1000 });
+    expect(load({ ...BRIDGES, REQUEST_TIMEOUT_MS: '1000', HEADERS_TIMEOUT_MS: '400' })).toMatchObject({ requestTimeoutMs: 1000, headersTimeoutMs: 400 });
+  });
+
   it('never repeats a secret in an error', () => {
     expect(message({ ...BRIDGES, ADMIN_TOKEN: 'tiny' })).not.toContain('tiny');
     expect(message({ ...BRIDGES, REDIS_URL: 'redis://u:hunter2@h:1', REDIS_CLUSTER_NODES: 'h:1' })).not.toContain('hunter2');
