@@ -11,6 +11,7 @@ import net from 'node:net';
  *  - `stall`          status line, Content-Length 1000, part of the body, then nothing
  *  - `drop`           closes the connection without a byte
  *  - `garbage`        answers bytes that are not HTTP
+ *  - `noread`         stops reading at the request head: a body piles up in the socket buffers
  *
  * Every connection is recorded with the paths it carried and whether it is closed.
  */
@@ -52,6 +53,12 @@ export async function startFaultyBridge(): Promise<FaultyBridge> {
         const end = buffer.indexOf('\r\n\r\n');
         if (end === -1) return;
         const head = buffer.subarray(0, end).toString('latin1');
+        if (head.split(' ')[1]?.split('?')[0]?.endsWith('/noread')) {
+          record.paths.push(head.split(' ')[1] ?? '/');
+          stopped = true;
+          socket.pause();
+          return;
+        }
         const length = Number(/\r\ncontent-length:\s*(\d+)/i.exec(head)?.[1] ?? 0);
         if (buffer.length < end + 4 + length) return;
         buffer = buffer.subarray(end + 4 + length);

@@ -240,12 +240,15 @@ describe('a client that uploads slowly', () => {
   });
 });
 
-describe('a client that stops sending its body', () => {
+/** More than the loopback socket buffers of both hops hold. */
+const BIG_BODY_BYTES = 48 * 1024 * 1024;
+
+describe('a client that stops sending its body, and a bridge that stops reading one', () => {
   let strict: TestGateway;
   beforeAll(async () => {
     strict = await startTestGateway({
       limits: LIMITS,
-      env: { EQT_BRIDGE_URL: bridge.url, FNO_BRIDGE_URL: bridge.url, UPSTREAM_TIMEOUT_MS: String(UPSTREAM_TIMEOUT_MS), REQUEST_TIMEOUT_MS: '1000', LOG_LEVEL: 'warn' },
+      env: { EQT_BRIDGE_URL: bridge.url, FNO_BRIDGE_URL: bridge.url, UPSTREAM_TIMEOUT_MS: String(UPSTREAM_TIMEOUT_MS), REQUEST_TIMEOUT_MS: '1000', MAX_BODY_BYTES: String(BIG_BODY_BYTES), LOG_LEVEL: 'warn' },
     });
   });
   afterAll(async () => {
@@ -258,5 +261,23 @@ describe('a client that stops sending its body', () => {
     expect(JSON.parse(out.text)).toEqual({ error: 'Request Timeout', message: 'Request took too long to arrive' });
     expect(out.ms).toBeGreaterThanOrEqual(1000 - 20);
     expect(out.ms).toBeLessThan(2500);
+  });
+
+  it('gets a bridge that stops reading the body its 504 after UPSTREAM_TIMEOUT_MS without progress', async () => {
+    const t0 = performance.now();
+    const reply = await new Promise<{ status: number; text: string }>((resolve, reject) => {
+      const req = http.request(`${strict.url}/orders/noread`, { method: 'POST', agent: false, headers: { 'X-API-Key': newKey(), 'Content-Length': String(BIG_BODY_BYTES) } }, (res) => {
+        let text = '';
+        res.setEncoding('utf8');
+        res.on('data', (c: string) => (text += c));
+        res.on('end', () => resolve({ status: res.statusCode ?? 0, text }));
+      });
+      req.on('error', reject);
+      req.end(Buffer.alloc(BIG_BODY_BYTES, 120));
+    });
+    const ms = performance.now() - t0;
+    expect(reply.status).toBe(504);
+    expect(JSON.parse(reply.text)).toEqual({ error: 'Gateway Timeout', message: 'Bridge did not answer in time' });
+    expect(ms).toBeLessThan(1000); // before REQUEST_TIMEOUT_MS: the bridge is the one to blame
   });
 });
