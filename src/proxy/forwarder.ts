@@ -294,11 +294,11 @@ export class Forwarder {
   }
 
   #timedOut(exchange: Exchange): void {
-    const upload = exchange.proxyReq;
-    if (exchange.status === undefined && upload && !upload.writableFinished && !upload.writableNeedDrain) {
-      // The body is still on its way and the bridge takes all that comes: the client is the slow
-      // one, which REQUEST_TIMEOUT_MS bounds (408). A bridge that stops reading makes writes back
-      // up (needDrain), and then it is the bridge's 504.
+    if (exchange.status === undefined && !exchange.request.incoming.complete && !exchange.proxyReq?.writableNeedDrain) {
+      // The client is still sending its body and the bridge takes all that comes: the client is
+      // the slow one, which the server's REQUEST_TIMEOUT_MS bounds (408). A bridge that stops
+      // reading makes writes back up (needDrain), and then it is the bridge's 504; once the whole
+      // request has arrived, any further wait is the bridge's (or the connection to it).
       exchange.timer.refresh();
       return;
     }
