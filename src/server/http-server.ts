@@ -14,6 +14,9 @@ import type { GatewayEnv } from './context.js';
  * request with both Content-Length and Transfer-Encoding, RFC 9112 §6.3).
  */
 
+/** How long a connection refused by clientError is read from before it is closed. */
+const LINGER_MS = 2000;
+
 export interface PublicServer {
   readonly server: http.Server;
   /** Requests whose answer is not complete yet. */
@@ -57,6 +60,11 @@ export function createPublicServer(
     const [status, message] = clientErrorAnswer(err.code);
     logger.debug({ code: err.code, status }, 'client error');
     socket.end(rawAnswer(status, message));
+    // A lingering close, as nginx does it: what the client still sends is read and dropped for a
+    // moment, so that the answer is not lost to a reset, and then the connection is closed, also
+    // when the client never closes its side (the server allows half-open connections).
+    socket.resume();
+    setTimeout(() => socket.destroy(), LINGER_MS).unref();
   });
   return { server, inFlight: () => inFlight };
 }

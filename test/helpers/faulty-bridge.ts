@@ -46,6 +46,8 @@ export async function startFaultyBridge(): Promise<FaultyBridge> {
     socket.on('error', () => {});
     let buffer = Buffer.alloc(0);
     let stopped = false;
+    // A request's path is recorded as soon as its head arrives, before its body.
+    let headSeen = false;
     socket.on('data', (chunk: Buffer) => {
       if (stopped) return;
       buffer = Buffer.concat([buffer, chunk]);
@@ -53,8 +55,10 @@ export async function startFaultyBridge(): Promise<FaultyBridge> {
         const end = buffer.indexOf('\r\n\r\n');
         if (end === -1) return;
         const head = buffer.subarray(0, end).toString('latin1');
-        if (head.split(' ')[1]?.split('?')[0]?.endsWith('/noread')) {
-          record.paths.push(head.split(' ')[1] ?? '/');
+        const path = head.split(' ')[1] ?? '/';
+        if (!headSeen) record.paths.push(path);
+        headSeen = true;
+        if (path.split('?')[0]?.endsWith('/noread')) {
           stopped = true;
           socket.pause();
           return;
@@ -62,8 +66,7 @@ export async function startFaultyBridge(): Promise<FaultyBridge> {
         const length = Number(/\r\ncontent-length:\s*(\d+)/i.exec(head)?.[1] ?? 0);
         if (buffer.length < end + 4 + length) return;
         buffer = buffer.subarray(end + 4 + length);
-        const path = head.split(' ')[1] ?? '/';
-        record.paths.push(path);
+        headSeen = false;
         const mode = path.split('?')[0]?.split('/').at(-1) ?? '';
         if (mode !== 'ok') stopped = true;
         answer(socket, mode);

@@ -1,4 +1,5 @@
 import http from 'node:http';
+import net from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startSandboxBridge, type SandboxBridge } from '../../src/sandbox/bridge.js';
 import { DEMO_PASSWORD, DEMO_USERNAME } from '../../src/sandbox/bodies.js';
@@ -261,6 +262,25 @@ describe('a client that stops sending its body, and a bridge that stops reading 
     expect(JSON.parse(out.text)).toEqual({ error: 'Request Timeout', message: 'Request took too long to arrive' });
     expect(out.ms).toBeGreaterThanOrEqual(1000 - 20);
     expect(out.ms).toBeLessThan(2500);
+  });
+
+  it('closes the connection of a client that stalls and never closes its side, and the bridge connection with it (regression: both stayed open for good)', async () => {
+    const before = bridge.connections.length;
+    const reused = bridge.connections.filter((c) => !c.closed);
+    // allowHalfOpen: this client does not close its side when the gateway closes its own.
+    const socket = net.connect({ port: Number(new URL(strict.url).port), host: '127.0.0.1', allowHalfOpen: true });
+    socket.on('error', () => {});
+    socket.setEncoding('latin1');
+    let received = '';
+    socket.on('data', (chunk: string) => (received += chunk));
+    try {
+      socket.write(`POST /orders/half HTTP/1.1\r\nHost: x\r\nX-API-Key: ${newKey()}\r\nContent-Length: 1000\r\n\r\n${'x'.repeat(10)}`);
+      await waitFor('the 408', () => received.startsWith('HTTP/1.1 408 '), 3000);
+      const carrier = () => [...reused, ...bridge.connections.slice(before)].filter((c) => c.paths.at(-1) === '/orders/half');
+      await waitFor('the bridge connection of the stalled request to close', () => carrier().length === 1 && carrier().every((c) => c.closed), 4000);
+    } finally {
+      socket.destroy();
+    }
   });
 
   it('gets a bridge that stops reading the body its 504 after UPSTREAM_TIMEOUT_MS without progress', async () => {
