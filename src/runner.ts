@@ -111,6 +111,7 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     ...(options.clock ? { clock: options.clock } : {}),
     observer: metrics,
   });
+  redis?.on('ready', () => limiter.storeAvailable());
 
   // Limit table
   const tables = new TableHolder({ path: settings.limitsFile, displayName: displayName(settings.limitsFile), logger, metrics });

@@ -197,6 +197,11 @@ export class Limiter {
     this.#spent.clear();
   }
 
+  /** The store's connection is back: what was admitted without it is handed over now, not only with the next request. */
+  storeAvailable(): void {
+    if (this.#unmerged.size > 0) this.#mergeIntoStore();
+  }
+
   /** Resolves once the units handed to the store after an outage are in (or the attempt failed). */
   merged(): Promise<void> {
     return this.#merging ?? Promise.resolve();
