@@ -56,7 +56,8 @@ export async function metricTotal(adminUrl: string, name: string): Promise<numbe
   let total = 0;
   let found = false;
   for (const line of text.split('\n')) {
-    if (line.startsWith(name + ' ') || line.startsWith(name + '{')) total += Number(line.slice(line.lastIndexOf(' ') + 1));
+    if (line.startsWith(name + ' ') || line.startsWith(name + '{'))
+      total += Number(line.slice(line.lastIndexOf(' ') + 1));
     else if (line === `# TYPE ${name} counter`) found = true;
   }
   if (!found) throw new Error(`/metrics has no ${name}`);

@@ -27,7 +27,12 @@ export function tokenWorkload(keys: readonly string[]): Workload {
   return {
     name: 'token',
     label: `POST ${TOKEN_PATH}`,
-    requests: keys.map((key) => ({ method: 'POST', path: TOKEN_PATH, headers: { 'content-type': 'application/json', 'x-api-key': key }, body })),
+    requests: keys.map((key) => ({
+      method: 'POST',
+      path: TOKEN_PATH,
+      headers: { 'content-type': 'application/json', 'x-api-key': key },
+      body,
+    })),
   };
 }
 
@@ -35,7 +40,11 @@ export function quoteWorkload(keys: readonly string[]): Workload {
   return {
     name: 'quote',
     label: 'GET /marketdata/quote/{symbol}',
-    requests: keys.map((key, i) => ({ method: 'GET', path: `/marketdata/quote/${SYMBOLS[i % SYMBOLS.length]}`, headers: { 'x-api-key': key } })),
+    requests: keys.map((key, i) => ({
+      method: 'GET',
+      path: `/marketdata/quote/${SYMBOLS[i % SYMBOLS.length]}`,
+      headers: { 'x-api-key': key },
+    })),
   };
 }
 
@@ -63,11 +72,17 @@ function spreadOverConnections(requests: readonly autocannon.Request[]): (client
   let next = 0;
   return (client) => {
     const offset = next++ % requests.length;
-    client.setRequests([...requests.slice(offset), ...requests.slice(0, offset)].map((r) => ({ ...r, headers: { ...r.headers } })));
+    client.setRequests(
+      [...requests.slice(offset), ...requests.slice(0, offset)].map((r) => ({ ...r, headers: { ...r.headers } })),
+    );
   };
 }
 
-export function measure(url: string, requests: readonly autocannon.Request[], options: { connections: number; seconds: number }): Promise<Measurement> {
+export function measure(
+  url: string,
+  requests: readonly autocannon.Request[],
+  options: { connections: number; seconds: number },
+): Promise<Measurement> {
   const latencies: number[] = [];
   return new Promise((resolve, reject) => {
     const instance = autocannon(

@@ -41,7 +41,8 @@ function intKnob(name: string, fallback: number, min: number, max: number): numb
   const raw = process.env[name];
   if (raw === undefined || raw === '') return fallback;
   const value = Number(raw);
-  if (!Number.isInteger(value) || value < min || value > max) throw new KnobError(`${name}=${raw}: must be a whole number from ${min} to ${max}`);
+  if (!Number.isInteger(value) || value < min || value > max)
+    throw new KnobError(`${name}=${raw}: must be a whole number from ${min} to ${max}`);
   return value;
 }
 
@@ -74,7 +75,17 @@ async function startEverything(tempDir: string, profileDir: string | undefined):
   const redis = new Redis(redisServer.url, { maxRetriesPerRequest: 1, lazyConnect: true });
   await redis.connect();
   const startRssMB = { gateway: rssMB(gateway.child.pid), bare: rssMB(bare.child.pid) };
-  return { redis, upstream, bare, stack, gateway, gatewayEnv, ticksPerSecond: clockTicksPerSecond(), startRssMB, problems: [] };
+  return {
+    redis,
+    upstream,
+    bare,
+    stack,
+    gateway,
+    gatewayEnv,
+    ticksPerSecond: clockTicksPerSecond(),
+    startRssMB,
+    problems: [],
+  };
 }
 
 function redisVersion(): string {
@@ -111,7 +122,9 @@ async function reportProfile(setup: Setup, profileDir: string): Promise<void> {
   const kept = join(RESULTS_DIR, 'gateway.cpuprofile');
   copyFileSync(join(profileDir, file), kept);
   log('');
-  log(`where the gateway's CPU went, per request over all ${requests} requests it answered (self time sampled on its main thread; the profiler's own cost included):`);
+  log(
+    `where the gateway's CPU went, per request over all ${requests} requests it answered (self time sampled on its main thread; the profiler's own cost included):`,
+  );
   for (const line of profileLines(summariseProfile(readProfile(kept), requests))) log(line);
   log(`profile written to ${kept} (open it in Chrome DevTools, Performance tab)`);
 }
@@ -127,8 +140,11 @@ async function run(tempDir: string): Promise<void> {
     const keys = apiKeys(API_KEY_COUNT);
     const workloads = [tokenWorkload(keys), quoteWorkload(keys)];
     await smokeTest(setup, workloads);
-    const total = (knobs.warmupSeconds + knobs.rounds * knobs.seconds) * workloads.length * TARGETS.length + knobs.seconds;
-    log(`measuring: about ${total} s of load (${knobs.rounds} rounds × ${knobs.seconds} s after a ${knobs.warmupSeconds} s warm-up, ${knobs.connections} connections)`);
+    const total =
+      (knobs.warmupSeconds + knobs.rounds * knobs.seconds) * workloads.length * TARGETS.length + knobs.seconds;
+    log(
+      `measuring: about ${total} s of load (${knobs.rounds} rounds × ${knobs.seconds} s after a ${knobs.warmupSeconds} s warm-up, ${knobs.connections} connections)`,
+    );
     const results = await runRounds(setup, workloads, knobs);
     log('  spent key ...');
     const spentKey = await runSpentKey(setup, knobs);
@@ -158,7 +174,11 @@ async function run(tempDir: string): Promise<void> {
         connections: knobs.connections,
         apiKeys: API_KEY_COUNT,
         clockTicksPerSecond: setup.ticksPerSecond,
-        gatewayEnv: { ...setup.gatewayEnv, REDIS_URL: 'redis://127.0.0.1:<bench port>', LIMITS_FILE: '<temp dir>/bench-limits.yaml' },
+        gatewayEnv: {
+          ...setup.gatewayEnv,
+          REDIS_URL: 'redis://127.0.0.1:<bench port>',
+          LIMITS_FILE: '<temp dir>/bench-limits.yaml',
+        },
         profiled: profileDir !== undefined,
       },
       workloads: results,
@@ -204,7 +224,8 @@ async function main(): Promise<void> {
   try {
     await run(tempDir);
   } catch (err) {
-    const shown = err instanceof KnobError ? err.message : err instanceof Error ? (err.stack ?? err.message) : String(err);
+    const shown =
+      err instanceof KnobError ? err.message : err instanceof Error ? (err.stack ?? err.message) : String(err);
     process.stderr.write(`benchmark failed: ${shown}\n`);
     process.exitCode = 1;
   } finally {

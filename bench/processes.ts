@@ -93,7 +93,8 @@ export function killAllChildrenNow(): void {
 async function waitFor(what: string, check: () => Promise<boolean>, child: Child, timeoutMs: number): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   while (Date.now() < deadline) {
-    if (!isRunning(child)) throw new Error(`${what} exited during start-up (code ${child.process.exitCode}):\n${child.stderrTail()}`);
+    if (!isRunning(child))
+      throw new Error(`${what} exited during start-up (code ${child.process.exitCode}):\n${child.stderrTail()}`);
     if (await check().catch(() => false)) return;
     await sleep(100);
   }
@@ -118,7 +119,22 @@ function canConnect(port: number): Promise<boolean> {
 /** A throw-away Redis: loopback only, no persistence. */
 export async function startRedis(dir: string): Promise<{ child: Child; url: string }> {
   const port = await freePort();
-  const args = ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no', '--dir', dir, '--daemonize', 'no', '--loglevel', 'warning'];
+  const args = [
+    '--port',
+    String(port),
+    '--bind',
+    '127.0.0.1',
+    '--save',
+    '',
+    '--appendonly',
+    'no',
+    '--dir',
+    dir,
+    '--daemonize',
+    'no',
+    '--loglevel',
+    'warning',
+  ];
   const child = register('redis-server', spawn('redis-server', args, { stdio: ['ignore', 'ignore', 'pipe'] }));
   await waitFor('redis-server', () => canConnect(port), child, 5000);
   return { child, url: `redis://127.0.0.1:${port}` };
@@ -145,11 +161,22 @@ export function compileServers(dir: string): string {
 }
 
 /** One of the compiled bench/servers in a Node process of its own; resolves with the port it listens on. */
-export async function forkServer(name: string, serversDir: string, file: string, args: string[] = []): Promise<{ child: Child; url: string }> {
+export async function forkServer(
+  name: string,
+  serversDir: string,
+  file: string,
+  args: string[] = [],
+): Promise<{ child: Child; url: string }> {
   const path = join(serversDir, file);
-  const child = register(name, fork(path, args, { cwd: serversDir, execArgv: [], stdio: ['ignore', 'ignore', 'pipe', 'ipc'] }));
+  const child = register(
+    name,
+    fork(path, args, { cwd: serversDir, execArgv: [], stdio: ['ignore', 'ignore', 'pipe', 'ipc'] }),
+  );
   const port = await new Promise<number>((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`${name} did not announce its port:\n${child.stderrTail()}`)), 15_000);
+    const timer = setTimeout(
+      () => reject(new Error(`${name} did not announce its port:\n${child.stderrTail()}`)),
+      15_000,
+    );
     child.process.once('message', (message: { port?: number }) => {
       clearTimeout(timer);
       if (typeof message.port === 'number') resolve(message.port);
@@ -175,7 +202,10 @@ export interface GatewayProcess {
  * measured. Its log goes to /dev/null; stderr is kept for error messages. `nodeArgs` go to
  * node before the script (the CPU profiler's flags with BENCH_PROFILE=1).
  */
-export async function startGateway(env: Record<string, string>, nodeArgs: readonly string[] = []): Promise<GatewayProcess> {
+export async function startGateway(
+  env: Record<string, string>,
+  nodeArgs: readonly string[] = [],
+): Promise<GatewayProcess> {
   const [port, adminPort] = [await freePort(), await freePort()];
   const fullEnv: Record<string, string> = {
     PATH: process.env.PATH ?? '/usr/bin:/bin',
@@ -186,7 +216,14 @@ export async function startGateway(env: Record<string, string>, nodeArgs: readon
     ADMIN_HOST: '127.0.0.1',
     ADMIN_PORT: String(adminPort),
   };
-  const child = register('gateway', spawn(process.execPath, [...nodeArgs, 'dist/main.js'], { cwd: REPO_ROOT, env: fullEnv, stdio: ['ignore', 'ignore', 'pipe'] }));
+  const child = register(
+    'gateway',
+    spawn(process.execPath, [...nodeArgs, 'dist/main.js'], {
+      cwd: REPO_ROOT,
+      env: fullEnv,
+      stdio: ['ignore', 'ignore', 'pipe'],
+    }),
+  );
   const adminUrl = `http://127.0.0.1:${adminPort}`;
   await waitFor('the gateway', async () => (await fetch(`${adminUrl}/readyz`)).status === 200, child, 15_000);
   return { child, url: `http://127.0.0.1:${port}`, adminUrl };

@@ -45,7 +45,8 @@ export function partOf(frame: CallFrame): string | undefined {
   const { url, functionName } = frame;
   if (functionName === '(idle)') return undefined;
   if (functionName === '(garbage collector)') return 'garbage collection';
-  if (!url) return functionName === '(program)' ? 'V8 and native code outside JS' : `native: ${functionName || '(anonymous)'}`;
+  if (!url)
+    return functionName === '(program)' ? 'V8 and native code outside JS' : `native: ${functionName || '(anonymous)'}`;
   if (url.startsWith('node:')) return NODE_GROUPS.find(([pattern]) => pattern.test(url))?.[1] ?? 'node: other';
   const pkg = /node_modules\/((?:@[^/]+\/)?[^/]+)\//.exec(url);
   if (pkg?.[1]) return pkg[1];
@@ -81,11 +82,18 @@ export function readProfile(path: string): CpuProfile {
 /** The largest parts one per line, the rest together. */
 export function profileLines(parts: readonly ProfilePart[], shown = 22): string[] {
   const total = parts.reduce((sum, p) => sum + p.usPerRequest, 0);
-  const line = (name: string, us: number, share: number): string => `  ${name.padEnd(40)} ${us.toFixed(1).padStart(7)} µs  ${(share * 100).toFixed(1).padStart(5)} %`;
+  const line = (name: string, us: number, share: number): string =>
+    `  ${name.padEnd(40)} ${us.toFixed(1).padStart(7)} µs  ${(share * 100).toFixed(1).padStart(5)} %`;
   const lines = parts.slice(0, shown).map((p) => line(p.part, p.usPerRequest, p.share));
   const rest = parts.slice(shown);
   if (rest.length > 0) {
-    lines.push(line(`(${rest.length} more)`, rest.reduce((s, p) => s + p.usPerRequest, 0), rest.reduce((s, p) => s + p.share, 0)));
+    lines.push(
+      line(
+        `(${rest.length} more)`,
+        rest.reduce((s, p) => s + p.usPerRequest, 0),
+        rest.reduce((s, p) => s + p.share, 0),
+      ),
+    );
   }
   lines.push(line('total sampled on the main thread', total, 1));
   return lines;

@@ -9,7 +9,12 @@ import type { WorkloadName } from './load.js';
 
 export type TargetName = 'direct' | 'bare' | 'stack' | 'gateway';
 export const TARGETS: readonly TargetName[] = ['direct', 'bare', 'stack', 'gateway'];
-const TARGET_LABEL: Record<TargetName, string> = { direct: 'direct', bare: 'bare proxy', stack: 'stack floor', gateway: 'gateway' };
+const TARGET_LABEL: Record<TargetName, string> = {
+  direct: 'direct',
+  bare: 'bare proxy',
+  stack: 'stack floor',
+  gateway: 'gateway',
+};
 
 export interface RoundResult {
   readonly round: number;
@@ -77,8 +82,26 @@ export interface Check {
 
 export interface BenchResult {
   readonly startedAt: string;
-  readonly machine: { cpuModel: string; cores: number; totalMemoryMB: number; node: string; os: string; redis: string; loadAverageStart: number[]; loadAverageEnd: number[] };
-  readonly settings: { durationSeconds: number; warmupSeconds: number; rounds: number; connections: number; apiKeys: number; clockTicksPerSecond: number; gatewayEnv: Record<string, string>; profiled: boolean };
+  readonly machine: {
+    cpuModel: string;
+    cores: number;
+    totalMemoryMB: number;
+    node: string;
+    os: string;
+    redis: string;
+    loadAverageStart: number[];
+    loadAverageEnd: number[];
+  };
+  readonly settings: {
+    durationSeconds: number;
+    warmupSeconds: number;
+    rounds: number;
+    connections: number;
+    apiKeys: number;
+    clockTicksPerSecond: number;
+    gatewayEnv: Record<string, string>;
+    profiled: boolean;
+  };
   readonly workloads: WorkloadResult[];
   readonly spentKey: SpentKeyResult;
   readonly gatewayPeakRssMB: number;
@@ -101,7 +124,11 @@ export function judge(workloads: readonly WorkloadResult[], spent: SpentKeyResul
   const checks: Check[] = [];
   const each = (name: string, test: (w: WorkloadResult) => { pass: boolean; shown: string }): void => {
     const parts = workloads.map((w) => ({ w, ...test(w) }));
-    checks.push({ name, pass: parts.every((p) => p.pass), detail: parts.map((p) => `${p.w.workload} ${p.shown}`).join(', ') });
+    checks.push({
+      name,
+      pass: parts.every((p) => p.pass),
+      detail: parts.map((p) => `${p.w.workload} ${p.shown}`).join(', '),
+    });
   };
   each(`gateway req/s ≥ ${LIMITS.vsBare}× bare proxy`, (w) => {
     const r = w.targets.gateway.reqPerSec / w.targets.bare.reqPerSec;
@@ -119,7 +146,11 @@ export function judge(workloads: readonly WorkloadResult[], spent: SpentKeyResul
     const us = w.targets.gateway.cpuUsPerRequest;
     return { pass: us <= LIMITS.cpuUs, shown: `${us.toFixed(0)} µs` };
   });
-  checks.push({ name: `gateway peak RSS ≤ ${LIMITS.rssMB} MB`, pass: peakRssMB <= LIMITS.rssMB, detail: `${peakRssMB.toFixed(1)} MB` });
+  checks.push({
+    name: `gateway peak RSS ≤ ${LIMITS.rssMB} MB`,
+    pass: peakRssMB <= LIMITS.rssMB,
+    detail: `${peakRssMB.toFixed(1)} MB`,
+  });
   each('1 Redis round trip per allowed request', (w) => {
     const rt = w.targets.gateway.redis?.roundTripsPerRequest ?? Number.NaN;
     // The divisor is requests sent; the few still in flight when a round stops make it inexact by a hair.
@@ -151,17 +182,39 @@ export function printReport(result: BenchResult, out: (line: string) => void): v
   const { machine, settings } = result;
   out('');
   out(`oapi-gateway benchmark, ${result.startedAt}`);
-  out(`machine: ${machine.cpuModel}, ${machine.cores} cores, ${machine.totalMemoryMB} MB, Node ${machine.node}, ${machine.os}, ${machine.redis}`);
-  out(`load average at start ${machine.loadAverageStart.map((l) => l.toFixed(2)).join(' ')}, at end ${machine.loadAverageEnd.map((l) => l.toFixed(2)).join(' ')}`);
+  out(
+    `machine: ${machine.cpuModel}, ${machine.cores} cores, ${machine.totalMemoryMB} MB, Node ${machine.node}, ${machine.os}, ${machine.redis}`,
+  );
+  out(
+    `load average at start ${machine.loadAverageStart.map((l) => l.toFixed(2)).join(' ')}, at end ${machine.loadAverageEnd.map((l) => l.toFixed(2)).join(' ')}`,
+  );
   out(
     `run: ${settings.rounds} measured rounds of ${settings.durationSeconds} s per target after a ${settings.warmupSeconds} s warm-up round, interleaved direct → bare → stack floor → gateway; ` +
       `${settings.connections} connections, ${settings.apiKeys} API keys`,
   );
-  out(`gateway: node dist/main.js, LOG_LEVEL=${settings.gatewayEnv.LOG_LEVEL} (its log to /dev/null), API_KEY_MODE=${settings.gatewayEnv.API_KEY_MODE}, Redis of its own on loopback`);
-  if (settings.profiled) out('BENCH_PROFILE=1: the gateway ran under V8\'s CPU profiler, which slows it: its figures in this run are not its usual ones');
+  out(
+    `gateway: node dist/main.js, LOG_LEVEL=${settings.gatewayEnv.LOG_LEVEL} (its log to /dev/null), API_KEY_MODE=${settings.gatewayEnv.API_KEY_MODE}, Redis of its own on loopback`,
+  );
+  if (settings.profiled)
+    out(
+      "BENCH_PROFILE=1: the gateway ran under V8's CPU profiler, which slows it: its figures in this run are not its usual ones",
+    );
   out('');
 
-  const header = [pad('workload', 8), pad('target', 11), pad('req/s', 8, true), pad('±', 6, true), pad('p50 ms', 7, true), pad('p99 ms', 7, true), pad('×direct', 8, true), pad('×bare', 6, true), pad('×stack', 7, true), pad('CPU µs/req¹', 12, true), pad('scripts/req', 12, true), pad('round trips/req', 16, true)];
+  const header = [
+    pad('workload', 8),
+    pad('target', 11),
+    pad('req/s', 8, true),
+    pad('±', 6, true),
+    pad('p50 ms', 7, true),
+    pad('p99 ms', 7, true),
+    pad('×direct', 8, true),
+    pad('×bare', 6, true),
+    pad('×stack', 7, true),
+    pad('CPU µs/req¹', 12, true),
+    pad('scripts/req', 12, true),
+    pad('round trips/req', 16, true),
+  ];
   out(header.join('  '));
   out('-'.repeat(header.join('  ').length));
   for (const w of result.workloads) {
@@ -188,9 +241,15 @@ export function printReport(result: BenchResult, out: (line: string) => void): v
       );
     }
   }
-  out('¹ CPU time (utime+stime from /proc) of the process that answers the client: the upstream, the bare proxy, the stack floor or the gateway.');
-  out('  stack floor: hono + @hono/node-server + the gateway\'s Forwarder (http-proxy-middleware), nothing else — the cost of the chosen stack alone.');
-  out('  req/s: mean over the measured rounds (± their standard deviation); p50/p99: over every response of those rounds.');
+  out(
+    '¹ CPU time (utime+stime from /proc) of the process that answers the client: the upstream, the bare proxy, the stack floor or the gateway.',
+  );
+  out(
+    "  stack floor: hono + @hono/node-server + the gateway's Forwarder (http-proxy-middleware), nothing else — the cost of the chosen stack alone.",
+  );
+  out(
+    '  req/s: mean over the measured rounds (± their standard deviation); p50/p99: over every response of those rounds.',
+  );
   out('');
 
   out('gateway and Redis, per request sent to the gateway:');
@@ -201,7 +260,9 @@ export function printReport(result: BenchResult, out: (line: string) => void): v
       .sort((a, b) => b[1] - a[1])
       .map(([cmd, n]) => `${cmd} ${(n / r.requests).toFixed(4)}`)
       .join(', ');
-    out(`  ${pad(w.workload, 6)} ${r.requests} requests; round trips (oapi_gateway_store_calls_total) ${r.roundTripsPerRequest.toFixed(4)}; scripts run (evalsha+eval) ${r.scriptsPerRequest.toFixed(4)}; commands ${r.commandsPerRequest.toFixed(4)} [${perCommand}]`);
+    out(
+      `  ${pad(w.workload, 6)} ${r.requests} requests; round trips (oapi_gateway_store_calls_total) ${r.roundTripsPerRequest.toFixed(4)}; scripts run (evalsha+eval) ${r.scriptsPerRequest.toFixed(4)}; commands ${r.commandsPerRequest.toFixed(4)} [${perCommand}]`,
+    );
   }
   out(
     `  memory: gateway ${result.startRssMB.gateway.toFixed(1)} MB RSS after start-up, ${result.gatewayPeakRssMB.toFixed(1)} MB peak (VmHWM); ` +

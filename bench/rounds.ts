@@ -1,5 +1,13 @@
 import type { Redis } from 'ioredis';
-import { addCounts, commandCounts, commandDiff, metricTotal, scriptCalls, totalCalls, type CommandCounts } from './counters.js';
+import {
+  addCounts,
+  commandCounts,
+  commandDiff,
+  metricTotal,
+  scriptCalls,
+  totalCalls,
+  type CommandCounts,
+} from './counters.js';
 import { SPENT_PER_HOUR } from './limits.js';
 import { measure, type Measurement, type Workload } from './load.js';
 import { cpuTicks, isRunning, sleep, type Child, type GatewayProcess } from './processes.js';
@@ -79,10 +87,17 @@ export async function smokeTest(setup: Setup, workloads: readonly Workload[]): P
       });
       const body = await response.text();
       bodies.push(body);
-      if (response.status !== 200) setup.problems.push(`smoke test: ${workload.label} through ${target} answered ${response.status}: ${body.slice(0, 200)}`);
-      if (target === 'gateway' && !response.headers.get('x-ratelimit-limit-hour')) setup.problems.push(`smoke test: the gateway's answer to ${workload.label} has no X-RateLimit-Limit-Hour`);
+      if (response.status !== 200)
+        setup.problems.push(
+          `smoke test: ${workload.label} through ${target} answered ${response.status}: ${body.slice(0, 200)}`,
+        );
+      if (target === 'gateway' && !response.headers.get('x-ratelimit-limit-hour'))
+        setup.problems.push(`smoke test: the gateway's answer to ${workload.label} has no X-RateLimit-Limit-Hour`);
     }
-    if (new Set(bodies).size !== 1) setup.problems.push(`smoke test: ${workload.label} got different bodies: ${bodies.map((b) => b.slice(0, 80)).join(' | ')}`);
+    if (new Set(bodies).size !== 1)
+      setup.problems.push(
+        `smoke test: ${workload.label} got different bodies: ${bodies.map((b) => b.slice(0, 80)).join(' | ')}`,
+      );
   }
 }
 
@@ -95,7 +110,10 @@ async function readGateway(setup: Setup): Promise<GatewayReading> {
 
 export function assertAlive(setup: Setup): void {
   for (const child of [setup.upstream.child, setup.bare.child, setup.stack.child, setup.gateway.child]) {
-    if (!isRunning(child)) throw new Error(`${child.name} exited (code ${child.process.exitCode}, signal ${child.process.signalCode}):\n${child.stderrTail()}`);
+    if (!isRunning(child))
+      throw new Error(
+        `${child.name} exited (code ${child.process.exitCode}, signal ${child.process.signalCode}):\n${child.stderrTail()}`,
+      );
   }
 }
 
@@ -106,7 +124,13 @@ interface Sample {
 }
 
 /** One measurement of one target, with the CPU it cost and, for the gateway, what it asked of Redis. */
-async function sample(setup: Setup, target: TargetName, requests: Workload['requests'], seconds: number, connections: number): Promise<Sample> {
+async function sample(
+  setup: Setup,
+  target: TargetName,
+  requests: Workload['requests'],
+  seconds: number,
+  connections: number,
+): Promise<Sample> {
   assertAlive(setup);
   const pid = processOf(setup, target).pid;
   // Counters are read outside the CPU window: a /metrics scrape is not the gateway's request work.
@@ -118,7 +142,13 @@ async function sample(setup: Setup, target: TargetName, requests: Workload['requ
   const after = target === 'gateway' ? await readGateway(setup) : undefined;
   const cpuUsPerRequest = (((ticksAfter - ticksBefore) / setup.ticksPerSecond) * 1e6) / Math.max(1, measurement.sent);
   const redis =
-    before && after ? { commands: commandDiff(before.commands, after.commands), storeCalls: after.storeCalls - before.storeCalls, counted: after.counted - before.counted } : undefined;
+    before && after
+      ? {
+          commands: commandDiff(before.commands, after.commands),
+          storeCalls: after.storeCalls - before.storeCalls,
+          counted: after.counted - before.counted,
+        }
+      : undefined;
   return { measurement, cpuUsPerRequest, ...(redis ? { redis } : {}) };
 }
 
@@ -201,10 +231,14 @@ export async function runRounds(setup: Setup, workloads: readonly Workload[], kn
         const where = `${workload.name} through ${target}, ${warmup ? 'warm-up' : `round ${round}`}`;
         noteOddAnswers(setup.problems, where, s.measurement, '200');
         if (s.redis && Math.abs(s.redis.counted - s.measurement.sent) > knobs.connections) {
-          setup.problems.push(`${where}: autocannon sent ${s.measurement.sent} requests, the gateway's oapi_gateway_requests_total grew by ${s.redis.counted}`);
+          setup.problems.push(
+            `${where}: autocannon sent ${s.measurement.sent} requests, the gateway's oapi_gateway_requests_total grew by ${s.redis.counted}`,
+          );
         }
         if (s.redis && (scriptCalls(s.redis.commands) > s.redis.storeCalls || scriptCalls(s.redis.commands) === 0)) {
-          setup.problems.push(`${where}: oapi_gateway_store_calls_total grew by ${s.redis.storeCalls}, Redis ran ${scriptCalls(s.redis.commands)} scripts`);
+          setup.problems.push(
+            `${where}: oapi_gateway_store_calls_total grew by ${s.redis.storeCalls}, Redis ran ${scriptCalls(s.redis.commands)} scripts`,
+          );
         }
         line.push(`${target} ${s.measurement.reqPerSec.toFixed(0)} req/s`);
         if (warmup) continue;
@@ -242,9 +276,18 @@ export async function runSpentKey(setup: Setup, knobs: Knobs): Promise<SpentKeyR
     primingStatuses.push(response.status);
   }
   const expected = [...Array<number>(SPENT_PER_HOUR).fill(200), 429];
-  if (primingStatuses.join() !== expected.join()) setup.problems.push(`spent key: priming answers were ${primingStatuses.join(', ')}, expected ${expected.join(', ')}`);
+  if (primingStatuses.join() !== expected.join())
+    setup.problems.push(
+      `spent key: priming answers were ${primingStatuses.join(', ')}, expected ${expected.join(', ')}`,
+    );
 
-  const s = await sample(setup, 'gateway', [{ method: 'GET', path, headers: { 'x-api-key': key } }], knobs.seconds, knobs.connections);
+  const s = await sample(
+    setup,
+    'gateway',
+    [{ method: 'GET', path, headers: { 'x-api-key': key } }],
+    knobs.seconds,
+    knobs.connections,
+  );
   noteOddAnswers(setup.problems, 'spent key', s.measurement, '429');
   const sorted = sortedCopy([s.measurement.latenciesMs]);
   const redis = s.redis ?? { commands: {}, storeCalls: Number.NaN, counted: Number.NaN };

@@ -34,12 +34,15 @@ async function check(args: string[]): Promise<number> {
   }
   process.stdout.write(renderTable(result.table, file));
 
-  const keys = keysFile ?? process.env.API_KEYS_FILE ?? (existsSync('config/api-keys.yaml') ? 'config/api-keys.yaml' : undefined);
+  const keys =
+    keysFile ?? process.env.API_KEYS_FILE ?? (existsSync('config/api-keys.yaml') ? 'config/api-keys.yaml' : undefined);
   if (keys) {
     const keyResult = await readKeyFile(resolve(keys), keys, new Set(result.table.plans.keys()));
     if (!keyResult.ok) {
       for (const error of keyResult.errors) process.stderr.write(formatSourceError(error) + '\n');
-      process.stderr.write(`${keys}: ${keyResult.errors.length} error${keyResult.errors.length === 1 ? '' : 's'}; not valid\n`);
+      process.stderr.write(
+        `${keys}: ${keyResult.errors.length} error${keyResult.errors.length === 1 ? '' : 's'}; not valid\n`,
+      );
       return 1;
     }
     process.stdout.write(`\n${keys}: ${keyResult.keys.length} key${keyResult.keys.length === 1 ? '' : 's'}, valid\n`);
@@ -49,21 +52,33 @@ async function check(args: string[]): Promise<number> {
 
 function renderTable(table: LimitTable, file: string): string {
   const header = ['#', 'name', 'route', 'per_hour', 'per_day', ''];
-  const rows = table.rows.map((row) => [String(row.index + 1), row.name, row.route.text, String(row.limits.perHour), String(row.limits.perDay), row.shadow ? 'shadow' : '']);
+  const rows = table.rows.map((row) => [
+    String(row.index + 1),
+    row.name,
+    row.route.text,
+    String(row.limits.perHour),
+    String(row.limits.perDay),
+    row.shadow ? 'shadow' : '',
+  ]);
   const widths = header.map((h, i) => Math.max(h.length, ...rows.map((r) => (r[i] as string).length)));
   const line = (cells: string[]): string =>
-    cells.map((cell, i) => (i === 3 || i === 4 ? cell.padStart(widths[i] as number) : cell.padEnd(widths[i] as number))).join('  ').trimEnd() + '\n';
+    cells
+      .map((cell, i) => (i === 3 || i === 4 ? cell.padStart(widths[i] as number) : cell.padEnd(widths[i] as number)))
+      .join('  ')
+      .trimEnd() + '\n';
   let out = `${file}: valid, ${table.rows.length} rows, timezone ${table.timezone}, ${table.hash}\n\n` + line(header);
   for (const row of table.rows) {
     out += line(rows[row.index] as string[]);
-    for (const also of row.also) out += ' '.repeat((widths[0] as number) + (widths[1] as number) + 4) + `+ ${also.text}\n`;
+    for (const also of row.also)
+      out += ' '.repeat((widths[0] as number) + (widths[1] as number) + 4) + `+ ${also.text}\n`;
   }
   for (const plan of table.plans.values()) {
     const changed = table.rows
       .map((row) => ({ row, limits: limitsFor(table, row, plan.name) }))
       .filter(({ row, limits }) => limits.perHour !== row.limits.perHour || limits.perDay !== row.limits.perDay);
     out += `\nplan ${plan.name}: ${changed.length} of ${table.rows.length} rows differ from the table\n`;
-    for (const { row, limits } of changed) out += `  ${row.route.text}: per_hour ${limits.perHour}, per_day ${limits.perDay}\n`;
+    for (const { row, limits } of changed)
+      out += `  ${row.route.text}: per_hour ${limits.perHour}, per_day ${limits.perDay}\n`;
   }
   return out;
 }

@@ -23,13 +23,15 @@ export async function runCluster(settings: Settings): Promise<void> {
 
 async function runPrimary(settings: Settings): Promise<void> {
   const aggregator = new AggregatorRegistry();
-  const primary = await startGateway({ settings, public: false, metricsText: () => aggregator.clusterMetrics() }).catch((err: unknown) => {
-    if (err instanceof StartupError) {
-      process.stderr.write(`oapi-gateway: the gateway cannot start:\n${err.message}\n`);
-      process.exit(1);
-    }
-    throw err;
-  });
+  const primary = await startGateway({ settings, public: false, metricsText: () => aggregator.clusterMetrics() }).catch(
+    (err: unknown) => {
+      if (err instanceof StartupError) {
+        process.stderr.write(`oapi-gateway: the gateway cannot start:\n${err.message}\n`);
+        process.exit(1);
+      }
+      throw err;
+    },
+  );
   let stopping = false;
   const startedAt = new Map<number, number>();
   let quickDeaths = 0;
@@ -47,7 +49,10 @@ async function runPrimary(settings: Settings): Promise<void> {
     startedAt.delete(worker.id);
     quickDeaths = lived < WORKER_STEADY_MS ? quickDeaths + 1 : 0;
     const delay = quickDeaths === 0 ? 0 : Math.min(MAX_RESTART_DELAY_MS, 500 * 2 ** (quickDeaths - 1));
-    primary.logger.error({ worker: worker.process.pid, code, signal, restartInMs: delay }, 'worker died; starting another');
+    primary.logger.error(
+      { worker: worker.process.pid, code, signal, restartInMs: delay },
+      'worker died; starting another',
+    );
     setTimeout(fork, delay).unref();
   });
   const broadcast = (message: ClusterMessage): void => {

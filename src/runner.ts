@@ -80,7 +80,11 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
   let redis: RedisClient | undefined;
   let subscriber: RedisClient | undefined;
   let events: EventBus;
-  const redisTarget = { url: settings.redisUrl, clusterNodes: settings.redisClusterNodes, commandTimeoutMs: settings.redisTimeoutMs };
+  const redisTarget = {
+    url: settings.redisUrl,
+    clusterNodes: settings.redisClusterNodes,
+    commandTimeoutMs: settings.redisTimeoutMs,
+  };
   if (settings.redisUrl || settings.redisClusterNodes) {
     redis = createRedisClient(redisTarget);
     redis.on('error', (err: Error) => logger.debug({ err: err.message }, 'redis error'));
@@ -93,7 +97,10 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       if (wasReady) logger.warn({ mode: settings.redisFailureMode }, 'redis connection lost');
     });
     if (!(await connectWithin(redis, Math.max(2000, settings.redisTimeoutMs * 10)))) {
-      logger.warn({ mode: settings.redisFailureMode }, 'redis is not reachable at start-up; serving in failure mode until it is');
+      logger.warn(
+        { mode: settings.redisFailureMode },
+        'redis is not reachable at start-up; serving in failure mode until it is',
+      );
     }
     subscriber = createSubscriber(redisTarget);
     subscriber.on('error', () => {});
@@ -103,7 +110,9 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     logger.warn('REDIS_URL is not set: counters live in this process, which suits one instance only');
     events = new LocalEventBus();
   }
-  const store = redis ? new RedisCounterStore(redis, settings.redisKeyPrefix) : new MemoryCounterStore(options.clock ? { now: () => options.clock!.now() } : {});
+  const store = redis
+    ? new RedisCounterStore(redis, settings.redisKeyPrefix)
+    : new MemoryCounterStore(options.clock ? { now: () => options.clock!.now() } : {});
   const limiter = new Limiter({
     store,
     insurance: redis ? new MemoryCounterStore(options.clock ? { now: () => options.clock!.now() } : {}) : undefined,
@@ -114,7 +123,12 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
   redis?.on('ready', () => limiter.storeAvailable());
 
   // Limit table
-  const tables = new TableHolder({ path: settings.limitsFile, displayName: displayName(settings.limitsFile), logger, metrics });
+  const tables = new TableHolder({
+    path: settings.limitsFile,
+    displayName: displayName(settings.limitsFile),
+    logger,
+    metrics,
+  });
   const first = await tables.reload('start');
   if (!first.ok) {
     await redis?.quit().catch(() => {});
@@ -123,14 +137,17 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
   }
 
   // API keys
-  const registry = new KeyRegistry(redis ? new RedisIssuedKeyStore(redis, settings.redisKeyPrefix) : new MemoryIssuedKeyStore(), (err) =>
-    logger.debug({ err: (err as Error).message }, 'issued keys could not be checked'),
+  const registry = new KeyRegistry(
+    redis ? new RedisIssuedKeyStore(redis, settings.redisKeyPrefix) : new MemoryIssuedKeyStore(),
+    (err) => logger.debug({ err: (err as Error).message }, 'issued keys could not be checked'),
   );
   // The key file is optional: while there is none, only keys issued through the admin API pass.
   // It is watched all the same, so a file written later (or removed) takes effect.
   const keyFileName = displayName(settings.apiKeysFile);
   const readKeys = async (): Promise<KeyFileLoad> =>
-    existsSync(settings.apiKeysFile) ? readKeyFile(settings.apiKeysFile, keyFileName, new Set(tables.current()?.plans.keys() ?? [])) : { ok: true, keys: [] };
+    existsSync(settings.apiKeysFile)
+      ? readKeyFile(settings.apiKeysFile, keyFileName, new Set(tables.current()?.plans.keys() ?? []))
+      : { ok: true, keys: [] };
   const reloadKeyFile = async (): Promise<void> => {
     const result = await readKeys();
     if (!result.ok) {
@@ -138,15 +155,23 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       return;
     }
     registry.setFileKeys(result.keys);
-    logger.info({ file: keyFileName, keys: result.keys.length }, existsSync(settings.apiKeysFile) ? 'key file loaded' : 'no key file; only keys issued through the admin API pass');
+    logger.info(
+      { file: keyFileName, keys: result.keys.length },
+      existsSync(settings.apiKeysFile) ? 'key file loaded' : 'no key file; only keys issued through the admin API pass',
+    );
   };
   const keyFile = await readKeys();
   if (!keyFile.ok) throw new StartupError(keyFile.errors.map(formatSourceError).join('\n'));
   registry.setFileKeys(keyFile.keys);
   if (settings.apiKeyMode === 'registered') {
-    logger.info({ file: keyFileName, keys: keyFile.keys.length }, existsSync(settings.apiKeysFile) ? 'key file loaded' : 'no key file; only keys issued through the admin API pass');
+    logger.info(
+      { file: keyFileName, keys: keyFile.keys.length },
+      existsSync(settings.apiKeysFile) ? 'key file loaded' : 'no key file; only keys issued through the admin API pass',
+    );
   }
-  await registry.refresh().catch((err: Error) => logger.warn({ err: err.message }, 'issued keys could not be loaded yet'));
+  await registry
+    .refresh()
+    .catch((err: Error) => logger.warn({ err: err.message }, 'issued keys could not be loaded yet'));
   registry.startPolling(ISSUED_KEYS_POLL_MS);
 
   const guard = new InvalidKeyGuard({
@@ -170,7 +195,11 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
   tables.onChange((table, previous) => {
     if (previous) limiter.forgetAll();
     const missing = registry.list().filter((k) => k.plan !== undefined && !table.plans.has(k.plan));
-    if (missing.length) logger.warn({ keys: missing.map((k) => k.id) }, 'keys name plans the table no longer has; they get the table as written');
+    if (missing.length)
+      logger.warn(
+        { keys: missing.map((k) => k.id) },
+        'keys name plans the table no longer has; they get the table as written',
+      );
   });
 
   const reload = async (trigger: 'signal' | 'admin' = 'admin'): Promise<ReloadResult> => {
@@ -182,13 +211,29 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
   const forwarder = new Forwarder({
     bridges: settings.bridges,
     timeoutMs: settings.upstreamTimeoutMs,
-    onError: (err, context) => logger.warn({ ...context, code: (err as NodeJS.ErrnoException).code, err: err.message }, 'bridge error'),
+    onError: (err, context) =>
+      logger.warn({ ...context, code: (err as NodeJS.ErrnoException).code, err: err.message }, 'bridge error'),
   });
   const websockets = new WebSocketConnections(metrics);
-  const app = createPublicApp({ settings, table: () => tables.current(), limiter, registry, guard, forwarder, websockets, metrics, logger });
+  const app = createPublicApp({
+    settings,
+    table: () => tables.current(),
+    limiter,
+    registry,
+    guard,
+    forwarder,
+    websockets,
+    metrics,
+    logger,
+  });
 
   let shuttingDown = false;
-  const publicServer = createPublicServer(app, settings, logger, upgradeListener(app, () => !shuttingDown));
+  const publicServer = createPublicServer(
+    app,
+    settings,
+    logger,
+    upgradeListener(app, () => !shuttingDown),
+  );
   if (options.public !== false) await listen(publicServer.server, settings.port, settings.host);
 
   let adminServer: http.Server | undefined;
@@ -221,7 +266,11 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
 
   // Reloads on change of the files on disk.
   tables.watch(options.watchPollMs);
-  const keyFileWatch: FileWatch = watchFile(settings.apiKeysFile, () => void reloadKeyFile(), options.watchPollMs ? { pollMs: options.watchPollMs } : {});
+  const keyFileWatch: FileWatch = watchFile(
+    settings.apiKeysFile,
+    () => void reloadKeyFile(),
+    options.watchPollMs ? { pollMs: options.watchPollMs } : {},
+  );
 
   const publicUrl = publicServer.server.listening ? urlOf(publicServer.server) : undefined;
   const adminUrl = adminServer ? urlOf(adminServer) : undefined;

@@ -1,6 +1,11 @@
+import type { IncomingMessage, ServerResponse } from 'node:http';
 import { createRequire } from 'node:module';
 import { join } from 'node:path';
 import { pathToFileURL } from 'node:url';
+import type * as HonoModule from 'hono';
+import type * as NodeServerModule from '@hono/node-server';
+import type * as ResponseModule from '@hono/node-server/utils/response';
+import type * as ForwarderModule from '../../src/proxy/forwarder.js';
 import { listenAndAnnounce } from './announce.js';
 
 /**
@@ -13,20 +18,23 @@ import { listenAndAnnounce } from './announce.js';
 
 const [upstream = '', root = ''] = process.argv.slice(2);
 const require = createRequire(join(root, 'package.json'));
-const load = async <T>(specifier: string): Promise<T> => (await import(pathToFileURL(require.resolve(specifier)).href)) as T;
+const load = async <T>(specifier: string): Promise<T> =>
+  (await import(pathToFileURL(require.resolve(specifier)).href)) as T;
 
-type HonoModule = typeof import('hono');
-type NodeServerModule = typeof import('@hono/node-server');
-type ForwarderModule = typeof import('../../src/proxy/forwarder.js');
-
-const { Hono } = await load<HonoModule>('hono');
-const { getRequestListener } = await load<NodeServerModule>('@hono/node-server');
-const { RESPONSE_ALREADY_SENT } = (await import(pathToFileURL(join(root, 'node_modules/@hono/node-server/dist/utils/response.mjs')).href)) as typeof import('@hono/node-server/utils/response');
-const { Forwarder } = (await import(pathToFileURL(join(root, 'dist/proxy/forwarder.js')).href)) as ForwarderModule;
+const { Hono } = await load<typeof HonoModule>('hono');
+const { getRequestListener } = await load<typeof NodeServerModule>('@hono/node-server');
+const { RESPONSE_ALREADY_SENT } = (await import(
+  pathToFileURL(join(root, 'node_modules/@hono/node-server/dist/utils/response.mjs')).href
+)) as typeof ResponseModule;
+const { Forwarder } = (await import(
+  pathToFileURL(join(root, 'dist/proxy/forwarder.js')).href
+)) as typeof ForwarderModule;
 
 const target = new URL(upstream);
 const forwarder = new Forwarder({ bridges: { eqt: target, fno: target }, timeoutMs: 10_000 });
-const app = new Hono<{ Bindings: { incoming: import('node:http').IncomingMessage; outgoing: import('node:http').ServerResponse } }>();
+const app = new Hono<{
+  Bindings: { incoming: IncomingMessage; outgoing: ServerResponse };
+}>();
 app.all('*', async function forward(c) {
   const incoming = c.env.incoming;
   await forwarder.forward({

@@ -7,7 +7,9 @@ import { listenAndAnnounce } from './announce.js';
  * mostly the cost of whatever sits in front.
  */
 
-const BODY = Buffer.from(JSON.stringify({ status: 200, data: { symbol: 'VNM', price: 61200, volume: 1250300, accessToken: 'bench-token' } }));
+const BODY = Buffer.from(
+  JSON.stringify({ status: 200, data: { symbol: 'VNM', price: 61200, volume: 1250300, accessToken: 'bench-token' } }),
+);
 const HEADERS = { 'Content-Type': 'application/json', 'Content-Length': String(BODY.length) };
 
 const server = http.createServer((req, res) => {

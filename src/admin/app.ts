@@ -46,7 +46,16 @@ export function createAdminApp(deps: AdminDeps): Hono {
   app.use(async function adminLog(c, next) {
     await next();
     // The route pattern, not the path: an API key in the path is a secret.
-    logger.info({ admin: true, method: c.req.method, route: c.req.routePath, status: c.res.status, key: c.req.param('apiKey') ? shortKeyHash(sha256Hex(c.req.param('apiKey') as string)) : undefined }, 'admin request');
+    logger.info(
+      {
+        admin: true,
+        method: c.req.method,
+        route: c.req.routePath,
+        status: c.res.status,
+        key: c.req.param('apiKey') ? shortKeyHash(sha256Hex(c.req.param('apiKey') as string)) : undefined,
+      },
+      'admin request',
+    );
   });
 
   app.get('/healthz', (c) => c.json({ status: 'ok' }));
@@ -77,7 +86,14 @@ export function createAdminApp(deps: AdminDeps): Hono {
   app.post('/admin/limits/reload', async (c) => {
     const result = await deps.reload();
     if (!result.ok) {
-      return c.json({ error: 'Unprocessable Content', message: `${tables.displayName} is not valid; the table in force stays`, errors: result.errors.map(formatSourceError) }, 422);
+      return c.json(
+        {
+          error: 'Unprocessable Content',
+          message: `${tables.displayName} is not valid; the table in force stays`,
+          errors: result.errors.map(formatSourceError),
+        },
+        422,
+      );
     }
     return c.json({ hash: result.table.hash, loadedAt: result.table.loadedAt.toISOString(), changed: result.changed });
   });
@@ -103,8 +119,18 @@ export function createAdminApp(deps: AdminDeps): Hono {
         return {
           name: row.name,
           route: row.route.text,
-          hour: { limit: limits.perHour, used: used.hour, remaining: Math.max(0, limits.perHour - used.hour), resetSeconds: secondsUntil(windows.hourEnd, now) },
-          day: { limit: limits.perDay, used: used.day, remaining: Math.max(0, limits.perDay - used.day), resetSeconds: secondsUntil(windows.dayEnd, now) },
+          hour: {
+            limit: limits.perHour,
+            used: used.hour,
+            remaining: Math.max(0, limits.perHour - used.hour),
+            resetSeconds: secondsUntil(windows.hourEnd, now),
+          },
+          day: {
+            limit: limits.perDay,
+            used: used.day,
+            remaining: Math.max(0, limits.perDay - used.day),
+            resetSeconds: secondsUntil(windows.dayEnd, now),
+          },
         };
       }),
     });
@@ -132,9 +158,14 @@ export function createAdminApp(deps: AdminDeps): Hono {
       return json(c, 400, 'Body must be JSON: {"id":"…","plan":"…"}');
     }
     const { id, plan } = (typeof body === 'object' && body !== null ? body : {}) as { id?: unknown; plan?: unknown };
-    if (typeof id !== 'string' || !KEY_ID.test(id)) return json(c, 400, 'id must be letters, digits, ".", "_" and "-" (at most 64)');
+    if (typeof id !== 'string' || !KEY_ID.test(id))
+      return json(c, 400, 'id must be letters, digits, ".", "_" and "-" (at most 64)');
     if (plan !== undefined && plan !== null && (typeof plan !== 'string' || !tables.current()?.plans.has(plan))) {
-      return json(c, 400, `Unknown plan; plans of the table: ${[...(tables.current()?.plans.keys() ?? [])].join(', ') || 'none'}`);
+      return json(
+        c,
+        400,
+        `Unknown plan; plans of the table: ${[...(tables.current()?.plans.keys() ?? [])].join(', ') || 'none'}`,
+      );
     }
     try {
       const result = await registry.create(id, typeof plan === 'string' ? plan : undefined);
@@ -149,7 +180,14 @@ export function createAdminApp(deps: AdminDeps): Hono {
   });
 
   app.get('/admin/keys', (c) =>
-    c.json({ keys: registry.list().map((k) => ({ id: k.id, plan: k.plan ?? null, source: k.source === 'file' ? 'key-file' : 'admin-api', ...(k.createdAt ? { createdAt: k.createdAt } : {}) })) }),
+    c.json({
+      keys: registry.list().map((k) => ({
+        id: k.id,
+        plan: k.plan ?? null,
+        source: k.source === 'file' ? 'key-file' : 'admin-api',
+        ...(k.createdAt ? { createdAt: k.createdAt } : {}),
+      })),
+    }),
   );
 
   app.delete('/admin/keys/:id', async (c) => {
@@ -169,7 +207,7 @@ export function createAdminApp(deps: AdminDeps): Hono {
 
   app.notFound((c) => json(c, 404, 'No such admin endpoint'));
   app.onError((err, c) => {
-    if ('getResponse' in err && typeof err.getResponse === 'function') return err.getResponse() as Response;
+    if ('getResponse' in err && typeof err.getResponse === 'function') return err.getResponse();
     logger.error({ err }, 'admin error');
     return json(c, 500, 'Unexpected error');
   });
@@ -206,7 +244,10 @@ function describeTable(table: LimitTable, file: string): object {
       ...(row.shadow ? { shadow: true } : {}),
     })),
     plans: Object.fromEntries(
-      [...table.plans.values()].map((plan) => [plan.name, table.rows.map((row) => ({ route: row.route.text, ...toYamlNames(limitsFor(table, row, plan.name)) }))]),
+      [...table.plans.values()].map((plan) => [
+        plan.name,
+        table.rows.map((row) => ({ route: row.route.text, ...toYamlNames(limitsFor(table, row, plan.name)) })),
+      ]),
     ),
   };
 }

@@ -15,7 +15,11 @@ export interface FileWatch {
   close(): void;
 }
 
-export function watchFile(path: string, onChange: () => void, options: { pollMs?: number; debounceMs?: number } = {}): FileWatch {
+export function watchFile(
+  path: string,
+  onChange: () => void,
+  options: { pollMs?: number; debounceMs?: number } = {},
+): FileWatch {
   const pollMs = options.pollMs ?? 2000;
   const debounceMs = options.debounceMs ?? 150;
   let debounce: NodeJS.Timeout | undefined;

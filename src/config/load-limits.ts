@@ -19,7 +19,8 @@ import {
  * each with its line, column and row; a file with any problem yields no table at all.
  */
 
-export type LimitsLoad = { readonly ok: true; readonly table: LimitTable } | { readonly ok: false; readonly errors: readonly SourceError[] };
+export type LimitsLoad =
+  { readonly ok: true; readonly table: LimitTable } | { readonly ok: false; readonly errors: readonly SourceError[] };
 
 const TOP_KEYS = ['timezone', 'limits', 'plans'];
 const ROW_KEYS = ['name', 'route', 'also', 'per_hour', 'per_day', 'shadow'];
@@ -44,7 +45,10 @@ export function parseLimits(text: string, file: string, loadedAt = new Date()): 
   if (errors.length > 0) return { ok: false, errors: withRows(text, errors) };
   const root = source.root;
   if (!isYamlMap(root)) {
-    return { ok: false, errors: [source.error(root, 'the file must be a mapping with "limits" (and optionally "timezone" and "plans")')] };
+    return {
+      ok: false,
+      errors: [source.error(root, 'the file must be a mapping with "limits" (and optionally "timezone" and "plans")')],
+    };
   }
 
   let timezone = DEFAULT_TIMEZONE;
@@ -53,7 +57,8 @@ export function parseLimits(text: string, file: string, loadedAt = new Date()): 
   for (const { key, pair, value } of entries(root)) {
     if (key === 'timezone') {
       const tz = scalarValue(value);
-      if (typeof tz !== 'string' || !isValidTimezone(tz)) errors.push(source.error(value, `unknown timezone ${describe(value)}`));
+      if (typeof tz !== 'string' || !isValidTimezone(tz))
+        errors.push(source.error(value, `unknown timezone ${describe(value)}`));
       else timezone = tz;
     } else if (key === 'limits') {
       limitsNode = value;
@@ -66,7 +71,10 @@ export function parseLimits(text: string, file: string, loadedAt = new Date()): 
 
   const routesSeen = new Set<string>();
   const rows = readRows(source, root, limitsNode, errors, routesSeen);
-  const plans = plansNode === undefined || plansNode === null ? new Map<string, Plan>() : readPlans(source, plansNode, rows, routesSeen, errors);
+  const plans =
+    plansNode === undefined || plansNode === null
+      ? new Map<string, Plan>()
+      : readPlans(source, plansNode, rows, routesSeen, errors);
   if (errors.length > 0) return { ok: false, errors: byPosition(errors) };
   return { ok: true, table: buildTable({ file, text, timezone, rows, plans, loadedAt }) };
 }
@@ -143,7 +151,13 @@ function unquoted(value: string): string {
 }
 
 /** Reads the rows; `routesSeen` gets every well-formed route, also those of rows with errors. */
-function readRows(source: YamlSource, root: YAMLMap<unknown, unknown>, node: unknown, errors: SourceError[], routesSeen: Set<string>): DraftRow[] {
+function readRows(
+  source: YamlSource,
+  root: YAMLMap<unknown, unknown>,
+  node: unknown,
+  errors: SourceError[],
+  routesSeen: Set<string>,
+): DraftRow[] {
   if (node === undefined) {
     errors.push(source.error(root, 'missing "limits"'));
     return [];
@@ -158,7 +172,9 @@ function readRows(source: YamlSource, root: YAMLMap<unknown, unknown>, node: unk
   node.items.forEach((item, index) => {
     const rowNumber = index + 1;
     if (!isYamlMap(item)) {
-      errors.push(source.error(item, 'a row must be a mapping with name, route, per_hour and per_day', { row: rowNumber }));
+      errors.push(
+        source.error(item, 'a row must be a mapping with name, route, per_hour and per_day', { row: rowNumber }),
+      );
       return;
     }
     const fields = new Map(entries(item).map((e) => [e.key, e]));
@@ -180,13 +196,17 @@ function readRows(source: YamlSource, root: YAMLMap<unknown, unknown>, node: unk
     const routes: Route[] = [];
     const readRouteNode = (routeNode: unknown): void => {
       const text = scalarValue(routeNode);
-      if (typeof text !== 'string') return fail(routeNode, `a route must be a string "METHOD /path", got ${describe(routeNode)}`);
+      if (typeof text !== 'string')
+        return fail(routeNode, `a route must be a string "METHOD /path", got ${describe(routeNode)}`);
       const route = parseRoute(text);
       if (typeof route === 'string') return fail(routeNode, route);
       const line = source.position(routeNode).line;
       const first = seen.get(route.key);
       if (first) {
-        return fail(routeNode, `route "${route.text}" is already used by row ${first.row} (${first.name}) at line ${first.line}`);
+        return fail(
+          routeNode,
+          `route "${route.text}" is already used by row ${first.row} (${first.name}) at line ${first.line}`,
+        );
       }
       seen.set(route.key, { row: rowNumber, name: typeof name === 'string' ? name : '?', line });
       routesSeen.add(route.key);
@@ -196,7 +216,8 @@ function readRows(source: YamlSource, root: YAMLMap<unknown, unknown>, node: unk
     if (routeField) readRouteNode(routeField.value);
     const alsoField = fields.get('also');
     if (alsoField) {
-      if (!isYamlSeq(alsoField.value)) fail(alsoField.value, `also must be a list of routes, got ${describe(alsoField.value)}`);
+      if (!isYamlSeq(alsoField.value))
+        fail(alsoField.value, `also must be a list of routes, got ${describe(alsoField.value)}`);
       else for (const alsoNode of alsoField.value.items) readRouteNode(alsoNode);
     }
 
@@ -209,7 +230,8 @@ function readRows(source: YamlSource, root: YAMLMap<unknown, unknown>, node: unk
     const shadowField = fields.get('shadow');
     if (shadowField) {
       const value = scalarValue(shadowField.value);
-      if (typeof value !== 'boolean') fail(shadowField.value, `shadow must be true or false, got ${describe(shadowField.value)}`);
+      if (typeof value !== 'boolean')
+        fail(shadowField.value, `shadow must be true or false, got ${describe(shadowField.value)}`);
       else shadow = value;
     }
 
@@ -222,7 +244,12 @@ function readRows(source: YamlSource, root: YAMLMap<unknown, unknown>, node: unk
   return rows;
 }
 
-function positiveInteger(node: unknown, field: string, present: boolean, fail: (n: unknown, m: string) => void): number | undefined {
+function positiveInteger(
+  node: unknown,
+  field: string,
+  present: boolean,
+  fail: (n: unknown, m: string) => void,
+): number | undefined {
   if (!present) return undefined;
   const value = scalarValue(node);
   if (typeof value !== 'number' || !Number.isSafeInteger(value) || value <= 0) {
@@ -232,7 +259,13 @@ function positiveInteger(node: unknown, field: string, present: boolean, fail: (
   return value;
 }
 
-function readPlans(source: YamlSource, node: unknown, rows: readonly DraftRow[], routesSeen: ReadonlySet<string>, errors: SourceError[]): Map<string, Plan> {
+function readPlans(
+  source: YamlSource,
+  node: unknown,
+  rows: readonly DraftRow[],
+  routesSeen: ReadonlySet<string>,
+  errors: SourceError[],
+): Map<string, Plan> {
   const plans = new Map<string, Plan>();
   if (!isYamlMap(node)) {
     errors.push(source.error(node, `plans must be a mapping of plan names, got ${describe(node)}`));
@@ -243,7 +276,8 @@ function readPlans(source: YamlSource, node: unknown, rows: readonly DraftRow[],
 
   for (const { key: name, pair, value } of entries(node)) {
     const planErrors: SourceError[] = [];
-    const fail = (n: unknown, message: string): void => void planErrors.push(source.error(n, `plan "${name}": ${message}`));
+    const fail = (n: unknown, message: string): void =>
+      void planErrors.push(source.error(n, `plan "${name}": ${message}`));
     if (!PLAN_NAME.test(name)) fail(pair.key, 'a plan name is letters, digits, ".", "_" and "-" (at most 64)');
     if (!isYamlMap(value)) {
       errors.push(source.error(value ?? pair.key, `plan "${name}": must be a mapping with "scale" and/or "rows"`));
@@ -254,7 +288,8 @@ function readPlans(source: YamlSource, node: unknown, rows: readonly DraftRow[],
     for (const { key, pair: field, value: fieldValue } of entries(value)) {
       if (key === 'scale') {
         const s = scalarValue(fieldValue);
-        if (typeof s !== 'number' || !Number.isFinite(s) || s <= 0) fail(fieldValue, `scale must be a positive number, got ${describe(fieldValue)}`);
+        if (typeof s !== 'number' || !Number.isFinite(s) || s <= 0)
+          fail(fieldValue, `scale must be a positive number, got ${describe(fieldValue)}`);
         else scale = s;
       } else if (key === 'rows') {
         if (!isYamlMap(fieldValue)) {
@@ -294,11 +329,17 @@ function readPlans(source: YamlSource, node: unknown, rows: readonly DraftRow[],
     }
 
     const limits: RowLimits[] = rows.map((row) => {
-      const scaled = { perHour: Math.max(1, Math.floor(row.limits.perHour * scale)), perDay: Math.max(1, Math.floor(row.limits.perDay * scale)) };
+      const scaled = {
+        perHour: Math.max(1, Math.floor(row.limits.perHour * scale)),
+        perDay: Math.max(1, Math.floor(row.limits.perDay * scale)),
+      };
       const override = overrides.get(row.index);
       const result = { perHour: override?.perHour ?? scaled.perHour, perDay: override?.perDay ?? scaled.perDay };
       if (result.perDay < result.perHour) {
-        fail(override?.node ?? value, `row ${row.index + 1} (${row.name}): per_day (${result.perDay}) is below per_hour (${result.perHour})`);
+        fail(
+          override?.node ?? value,
+          `row ${row.index + 1} (${row.name}): per_day (${result.perDay}) is below per_hour (${result.perHour})`,
+        );
       }
       return result;
     });

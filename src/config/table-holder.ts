@@ -66,7 +66,10 @@ export class TableHolder {
       if (trigger === 'file' && content === this.#refusedContent) return result;
       this.#refusedContent = content;
       this.#metrics.reloads.labels('invalid').inc();
-      this.#logger.error({ trigger, file: this.displayName, errors: result.errors.map(formatSourceError) }, this.#current ? 'limit table refused; the table in force stays' : 'limit table refused');
+      this.#logger.error(
+        { trigger, file: this.displayName, errors: result.errors.map(formatSourceError) },
+        this.#current ? 'limit table refused; the table in force stays' : 'limit table refused',
+      );
       return result;
     }
     this.#refusedContent = undefined;
@@ -82,7 +85,10 @@ export class TableHolder {
     this.#metrics.reloads.labels('ok').inc();
     this.#metrics.tableLoaded.set(result.table.loadedAt.getTime() / 1000);
     this.#metrics.tableRows.set(result.table.rows.length);
-    this.#logger.info({ trigger, file: this.displayName, hash: result.table.hash, rows: result.table.rows.length }, 'limit table loaded');
+    this.#logger.info(
+      { trigger, file: this.displayName, hash: result.table.hash, rows: result.table.rows.length },
+      'limit table loaded',
+    );
     for (const listener of this.#listeners) listener(result.table, previous);
     return { ok: true, table: result.table, changed: true };
   }

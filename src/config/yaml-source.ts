@@ -1,4 +1,15 @@
-import { isMap, isScalar, isSeq, LineCounter, parseDocument, visit, type Document, type Node, type Pair, type YAMLMap } from 'yaml';
+import {
+  isMap,
+  isScalar,
+  isSeq,
+  LineCounter,
+  parseDocument,
+  visit,
+  type Document,
+  type Node,
+  type Pair,
+  type YAMLMap,
+} from 'yaml';
 
 /**
  * A YAML file read with positions, shared by the loaders of `limits.yaml`, `gateway.yaml` and
@@ -47,13 +58,20 @@ export class YamlSource {
    */
   static parse(file: string, text: string): { source: YamlSource; errors: SourceError[] } {
     const lines = new LineCounter();
-    const doc = parseDocument(text, { lineCounter: lines, uniqueKeys: true, prettyErrors: false, keepSourceTokens: false });
+    const doc = parseDocument(text, {
+      lineCounter: lines,
+      uniqueKeys: true,
+      prettyErrors: false,
+      keepSourceTokens: false,
+    });
     const source = new YamlSource(file, doc.contents, lines);
     const errors = doc.errors.slice(0, 1).map((err) => {
       // An unclosed quote is found only at the end of the file: point at where the quote opens.
       const opened = err.code === 'MISSING_CHAR' ? unclosedQuoteAt(doc, err.pos[0]) : undefined;
       const pos = opened === undefined ? (err.linePos?.[0] ?? lines.linePos(err.pos[0])) : lines.linePos(opened);
-      const message = firstLine(err.message) + (opened === undefined ? '' : ' (the quoted text that starts here runs to the end of the file)');
+      const message =
+        firstLine(err.message) +
+        (opened === undefined ? '' : ' (the quoted text that starts here runs to the end of the file)');
       return { file, line: pos.line, column: pos.col, message };
     });
     return { source, errors };
@@ -100,7 +118,9 @@ export const isYamlMap = (node: unknown): node is YAMLMap<unknown, unknown> => i
 export const isYamlSeq = isSeq;
 
 /** The pairs of a map with their key as a string (keys that are not plain scalars read as their text). */
-export function entries(map: YAMLMap<unknown, unknown>): Array<{ key: string; pair: Pair<unknown, unknown>; value: unknown }> {
+export function entries(
+  map: YAMLMap<unknown, unknown>,
+): Array<{ key: string; pair: Pair<unknown, unknown>; value: unknown }> {
   return map.items.map((pair) => ({
     key: isScalar(pair.key) ? String(pair.key.value) : String(pair.key),
     pair,

@@ -34,7 +34,13 @@ export class InvalidKeyGuard {
     const policy = { points: options.attempts, duration: options.windowSeconds, blockDuration: options.windowSeconds };
     const memory = new RateLimiterMemory({ ...policy, keyPrefix: 'badkey' });
     this.#limiter = options.client
-      ? new RateLimiterRedis({ ...policy, storeClient: options.client, keyPrefix: `${options.prefix}badkey`, insuranceLimiter: memory, rejectIfRedisNotReady: true })
+      ? new RateLimiterRedis({
+          ...policy,
+          storeClient: options.client,
+          keyPrefix: `${options.prefix}badkey`,
+          insuranceLimiter: memory,
+          rejectIfRedisNotReady: true,
+        })
       : memory;
     this.#now = options.now ?? Date.now;
     this.#blocked = boundedCache(100_000);

@@ -117,7 +117,11 @@ export class RedisIssuedKeyStore implements IssuedKeyStore {
 
   async add(record: KeyRecord): Promise<boolean> {
     const json = JSON.stringify({ sha256: record.sha256, plan: record.plan, createdAt: record.createdAt });
-    return (await this.#client.oapiAddKey(this.#byId, this.#byHash, this.#versionKey, record.id, record.sha256, json).catch(rethrow)) === 1;
+    return (
+      (await this.#client
+        .oapiAddKey(this.#byId, this.#byHash, this.#versionKey, record.id, record.sha256, json)
+        .catch(rethrow)) === 1
+    );
   }
 
   async remove(id: string): Promise<boolean> {
@@ -132,7 +136,13 @@ export class RedisIssuedKeyStore implements IssuedKeyStore {
 function parseRecord(id: string, json: string): KeyRecord | undefined {
   try {
     const stored = JSON.parse(json) as { sha256: string; plan?: string; createdAt?: string };
-    return { id, sha256: stored.sha256, plan: stored.plan, source: 'admin', ...(stored.createdAt ? { createdAt: stored.createdAt } : {}) };
+    return {
+      id,
+      sha256: stored.sha256,
+      plan: stored.plan,
+      source: 'admin',
+      ...(stored.createdAt ? { createdAt: stored.createdAt } : {}),
+    };
   } catch {
     return undefined; // a damaged entry is skipped rather than taking every key down
   }
@@ -142,7 +152,9 @@ function rethrow(err: unknown): never {
   throw toStoreError(err);
 }
 
-export type CreateResult = { readonly created: true; readonly key: string; readonly record: KeyRecord } | { readonly created: false; readonly reason: 'id-taken' };
+export type CreateResult =
+  | { readonly created: true; readonly key: string; readonly record: KeyRecord }
+  | { readonly created: false; readonly reason: 'id-taken' };
 export type RevokeResult = 'revoked' | 'not-found' | 'in-key-file';
 
 export class KeyRegistry {
@@ -233,7 +245,13 @@ export class KeyRegistry {
     if ([...this.#fileKeys.values()].some((k) => k.id === id)) return { created: false, reason: 'id-taken' };
     // 32 random bytes: 256 bits, far beyond guessing; the prefix makes a leaked key easy to recognise.
     const key = 'oapi_' + randomBytes(32).toString('base64url');
-    const record: KeyRecord = { id, sha256: sha256Hex(key), plan, source: 'admin', createdAt: new Date().toISOString() };
+    const record: KeyRecord = {
+      id,
+      sha256: sha256Hex(key),
+      plan,
+      source: 'admin',
+      createdAt: new Date().toISOString(),
+    };
     if (!(await this.#store.add(record))) return { created: false, reason: 'id-taken' };
     this.#issued.set(record.sha256, record);
     return { created: true, key, record };

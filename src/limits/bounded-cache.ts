@@ -5,7 +5,10 @@ import { LRUCache } from 'lru-cache';
  * preallocates arrays for every slot when bounded by `max`; bounded by `maxSize` with each
  * entry of size 1 it grows on demand, with the same bound.)
  */
-export function boundedCache<K extends {}, V extends {}>(entries: number, options: { now?: () => number } = {}): LRUCache<K, V> {
+export function boundedCache<K extends NonNullable<unknown>, V extends NonNullable<unknown>>(
+  entries: number,
+  options: { now?: () => number } = {},
+): LRUCache<K, V> {
   return new LRUCache<K, V>({
     maxSize: entries,
     sizeCalculation: () => 1,

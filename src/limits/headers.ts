@@ -22,7 +22,10 @@ export function rateLimitHeaders(decision: CountedDecision, now: number): Header
     ['X-RateLimit-Limit-Day', String(day.limit)],
     ['X-RateLimit-Remaining-Day', String(day.remaining)],
     ['RateLimit-Policy', `"hour";q=${hour.limit};w=${HOUR_SECONDS}, "day";q=${day.limit};w=${DAY_SECONDS}`],
-    ['RateLimit', `"hour";r=${hour.remaining};t=${secondsUntil(hour.resetAt, now)}, "day";r=${day.remaining};t=${secondsUntil(day.resetAt, now)}`],
+    [
+      'RateLimit',
+      `"hour";r=${hour.remaining};t=${secondsUntil(hour.resetAt, now)}, "day";r=${day.remaining};t=${secondsUntil(day.resetAt, now)}`,
+    ],
   ];
 }
 

@@ -1,7 +1,15 @@
 import type { LRUCache } from 'lru-cache';
 import { boundedCache } from './bounded-cache.js';
 import type { LimitRow, RowLimits } from '../config/limit-table.js';
-import { MergeFailedError, mergeStep, StoreUnavailableError, type CounterStore, type Counts, type MergeEntry, type Usage } from './store.js';
+import {
+  MergeFailedError,
+  mergeStep,
+  StoreUnavailableError,
+  type CounterStore,
+  type Counts,
+  type MergeEntry,
+  type Usage,
+} from './store.js';
 import { secondsUntil, systemClock, type Clock, type WindowCalendar, type Windows } from './windows.js';
 
 /**
@@ -105,7 +113,8 @@ export class Limiter {
   #merging: Promise<void> | undefined;
 
   constructor(options: LimiterOptions) {
-    if (options.failureMode === 'insurance' && !options.insurance) throw new Error('insurance mode needs an insurance store');
+    if (options.failureMode === 'insurance' && !options.insurance)
+      throw new Error('insurance mode needs an insurance store');
     this.#store = options.store;
     this.#insurance = options.insurance;
     this.#mode = options.failureMode;
@@ -162,8 +171,15 @@ export class Limiter {
     const decision = decide(counts.allowed, counts.hour, counts.day, limits, windows, source, row.shadow, now);
     if (!counts.allowed && source === 'store' && generation === this.#generation && decision.kind === 'counted') {
       // Counters only grow until their window ends, so the pair stays spent until then on every instance.
-      const until = Math.max(decision.spent !== 'day' ? windows.hourEnd : 0, decision.spent !== 'hour' ? windows.dayEnd : 0);
-      this.#spent.set(spentKey, { limits, until, hourStart: windows.hourStart, hourUsed: counts.hour, dayUsed: counts.day }, { ttl: until - now });
+      const until = Math.max(
+        decision.spent !== 'day' ? windows.hourEnd : 0,
+        decision.spent !== 'hour' ? windows.dayEnd : 0,
+      );
+      this.#spent.set(
+        spentKey,
+        { limits, until, hourStart: windows.hourStart, hourUsed: counts.hour, dayUsed: counts.day },
+        { ttl: until - now },
+      );
     }
     return decision;
   }
@@ -171,7 +187,11 @@ export class Limiter {
   /** What one key has used on the given rows, from the counter store. */
   async usage(keyHash: string, rows: readonly LimitRow[], calendar: WindowCalendar): Promise<Usage[]> {
     const windows = calendar.at(this.#clock.now());
-    const ids = rows.map((row) => ({ counterId: row.counterId, hourStart: windows.hourStart / 1000, dayStart: windows.dayStart / 1000 }));
+    const ids = rows.map((row) => ({
+      counterId: row.counterId,
+      hourStart: windows.hourStart / 1000,
+      dayStart: windows.dayStart / 1000,
+    }));
     return this.#store.usage(keyHash, ids);
   }
 
@@ -180,7 +200,10 @@ export class Limiter {
     // A merge in flight may carry this key's outage units: they must land before the reset, not after it.
     while (this.#merging) await this.#merging;
     await this.forgetKey(keyHash, rows);
-    await this.#store.reset(keyHash, rows.map((row) => row.counterId));
+    await this.#store.reset(
+      keyHash,
+      rows.map((row) => row.counterId),
+    );
   }
 
   /** Forgets what this instance holds of a key: remembered refusals and insurance counters (its counters were reset elsewhere). */
@@ -188,7 +211,10 @@ export class Limiter {
     this.#generation++;
     for (const key of this.#spent.keys()) if (key.startsWith(keyHash + ':')) this.#spent.delete(key);
     for (const key of this.#unmerged.keys()) if (key.startsWith(keyHash + ':')) this.#unmerged.delete(key);
-    await this.#insurance?.reset(keyHash, rows.map((row) => row.counterId));
+    await this.#insurance?.reset(
+      keyHash,
+      rows.map((row) => row.counterId),
+    );
   }
 
   /** Forgets every remembered refusal (the table changed: a window may have room now). */
@@ -265,7 +291,12 @@ export class Limiter {
       if (this.#unmerged.size >= MAX_UNMERGED) return;
     }
     const { keyHash, counterId, expireAt } = units;
-    this.#unmerged.set(key, { keyHash, counterId, ...mergeStep(waiting, units), expireAt: Math.max(expireAt, waiting?.expireAt ?? 0) });
+    this.#unmerged.set(key, {
+      keyHash,
+      counterId,
+      ...mergeStep(waiting, units),
+      expireAt: Math.max(expireAt, waiting?.expireAt ?? 0),
+    });
   }
 
   #storeFailed(err: StoreUnavailableError): void {
@@ -274,7 +305,9 @@ export class Limiter {
     this.#storeDownUntil = this.#clock.now() + this.#retryAfterMs;
   }
 
-  async #fallback(consume: Parameters<CounterStore['consume']>[0]): Promise<
+  async #fallback(
+    consume: Parameters<CounterStore['consume']>[0],
+  ): Promise<
     { kind: 'counted'; counts: Counts; source: 'insurance' } | Extract<Decision, { kind: 'uncounted' | 'unavailable' }>
   > {
     this.#observer?.fallback(this.#mode);
@@ -301,8 +334,18 @@ function decide(
     kind: 'counted',
     allowed,
     spent: hourFull ? (dayFull ? 'both' : 'hour') : dayFull ? 'day' : undefined,
-    hour: { limit: limits.perHour, used: hourUsed, remaining: Math.max(0, limits.perHour - hourUsed), resetAt: windows.hourEnd },
-    day: { limit: limits.perDay, used: dayUsed, remaining: Math.max(0, limits.perDay - dayUsed), resetAt: windows.dayEnd },
+    hour: {
+      limit: limits.perHour,
+      used: hourUsed,
+      remaining: Math.max(0, limits.perHour - hourUsed),
+      resetAt: windows.hourEnd,
+    },
+    day: {
+      limit: limits.perDay,
+      used: dayUsed,
+      remaining: Math.max(0, limits.perDay - dayUsed),
+      resetAt: windows.dayEnd,
+    },
     source,
     at,
   };

@@ -48,7 +48,7 @@ export class RouteMatcher<T> {
     return undefined;
   }
 
-  match(method: Method | string, segments: readonly string[]): MatchResult<T> {
+  match(method: string, segments: readonly string[]): MatchResult<T> {
     const entry = this.#find(this.#root, segments, 0, method);
     if (entry) return { kind: 'match', entry };
     const allow = new Set<Method>();

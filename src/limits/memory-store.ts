@@ -1,6 +1,15 @@
 import type { LRUCache } from 'lru-cache';
 import { boundedCache } from './bounded-cache.js';
-import { countStep, mergeStep, type ConsumeRequest, type CounterStore, type Counts, type MergeEntry, type Usage, type WindowIds } from './store.js';
+import {
+  countStep,
+  mergeStep,
+  type ConsumeRequest,
+  type CounterStore,
+  type Counts,
+  type MergeEntry,
+  type Usage,
+  type WindowIds,
+} from './store.js';
 
 /**
  * Counters in this process: the store when no Redis is configured (one instance only), and
@@ -36,7 +45,11 @@ export class MemoryCounterStore implements CounterStore {
     const next = countStep(this.#entries.get(key), request);
     if (next.allowed) {
       const ttl = Math.max(1, request.expireAt - this.#now());
-      this.#entries.set(key, { hourStart: next.hourStart, hour: next.hour, dayStart: next.dayStart, day: next.day }, { ttl });
+      this.#entries.set(
+        key,
+        { hourStart: next.hourStart, hour: next.hour, dayStart: next.dayStart, day: next.day },
+        { ttl },
+      );
     }
     return { allowed: next.allowed, hour: next.hour, day: next.day };
   }

@@ -32,7 +32,10 @@ function isUnreserved(code: number): boolean {
     (code >= 65 && code <= 90) ||
     (code >= 97 && code <= 122) ||
     (code >= 48 && code <= 57) ||
-    code === 45 || code === 46 || code === 95 || code === 126
+    code === 45 ||
+    code === 46 ||
+    code === 95 ||
+    code === 126
   );
 }
 
@@ -40,8 +43,19 @@ function isUnreserved(code: number): boolean {
 function isPlainPchar(code: number): boolean {
   if (isUnreserved(code)) return true;
   switch (code) {
-    case 33: case 36: case 38: case 39: case 40: case 41: case 42: case 43: case 44: case 59: case 61: // ! $ & ' ( ) * + , ; =
-    case 58: case 64: // : @
+    case 33:
+    case 36:
+    case 38:
+    case 39:
+    case 40:
+    case 41:
+    case 42:
+    case 43:
+    case 44:
+    case 59:
+    case 61: // ! $ & ' ( ) * + , ; =
+    case 58:
+    case 64: // : @
       return true;
     default:
       return false;
@@ -79,9 +93,11 @@ export function normaliseTarget(target: string): NormalisedTarget {
 
   for (let i = 0; i < rawPath.length; i++) {
     const code = rawPath.charCodeAt(i);
-    if (code === 47) { // "/"
+    if (code === 47) {
+      // "/"
       closeSegment();
-    } else if (code === 37) { // "%"
+    } else if (code === 37) {
+      // "%"
       const hi = hexValue(rawPath.charCodeAt(i + 1));
       const lo = hexValue(rawPath.charCodeAt(i + 2));
       if (hi < 0 || lo < 0) return refused('Malformed percent-encoding in path');

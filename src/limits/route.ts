@@ -8,7 +8,8 @@
 export const METHODS = ['GET', 'POST', 'PUT', 'PATCH', 'DELETE', 'WS'] as const;
 export type Method = (typeof METHODS)[number];
 
-export type Segment = { readonly kind: 'literal'; readonly value: string } | { readonly kind: 'param'; readonly name: string };
+export type Segment =
+  { readonly kind: 'literal'; readonly value: string } | { readonly kind: 'param'; readonly name: string };
 
 export interface Route {
   readonly method: Method;

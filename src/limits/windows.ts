@@ -36,7 +36,13 @@ export class WindowCalendar {
 
   at(now: number): Windows {
     const current = this.#current;
-    if (current && now >= current.hourStart && now < current.hourEnd && now >= current.dayStart && now < current.dayEnd) {
+    if (
+      current &&
+      now >= current.hourStart &&
+      now < current.hourEnd &&
+      now >= current.dayStart &&
+      now < current.dayEnd
+    ) {
       return current;
     }
     const instant = DateTime.fromMillis(now, { zone: this.timezone });

@@ -104,7 +104,12 @@ export class Forwarder {
     for (const bridge of BRIDGES) {
       const url = options.bridges[bridge];
       const secure = url.protocol === 'https:';
-      const agent = new (secure ? https.Agent : http.Agent)({ keepAlive: true, keepAliveMsecs: 1000, maxFreeSockets: 256, scheduling: 'lifo' });
+      const agent = new (secure ? https.Agent : http.Agent)({
+        keepAlive: true,
+        keepAliveMsecs: 1000,
+        maxFreeSockets: 256,
+        scheduling: 'lifo',
+      });
       this.#agents.push(agent);
       this.#proxies.set(bridge, this.#createProxy(bridge, url, agent));
     }
@@ -136,7 +141,10 @@ export class Forwarder {
           exchange.outcome ??= 'client-gone';
           exchange.proxyReq?.destroy();
         }
-        resolve({ status: exchange.outcome === 'client-gone' ? CLIENT_GONE : (exchange.status ?? outgoing.statusCode), upstreamMs: exchange.upstreamMs });
+        resolve({
+          status: exchange.outcome === 'client-gone' ? CLIENT_GONE : (exchange.status ?? outgoing.statusCode),
+          upstreamMs: exchange.upstreamMs,
+        });
       });
 
       prepareRequestHeaders(incoming.headers, {
@@ -180,7 +188,9 @@ export class Forwarder {
     });
     incoming.url = request.target;
     (incoming as Tagged)[UPGRADE] = exchange;
-    const proxy = this.#proxies.get(request.bridge) as RequestHandler & { upgrade: (req: IncomingMessage, socket: Duplex, head: Buffer) => void };
+    const proxy = this.#proxies.get(request.bridge) as RequestHandler & {
+      upgrade: (req: IncomingMessage, socket: Duplex, head: Buffer) => void;
+    };
     proxy.upgrade(incoming, socket, request.head);
   }
 
@@ -204,9 +214,15 @@ export class Forwarder {
     // The bridge's base path, to which the normalised path is appended.
     const basePath = url.pathname.replace(/\/+$/, '');
     // A pre-parsed target spares http-proxy a URL parse per request.
-    const target = { protocol: url.protocol, host: url.hostname, hostname, port: url.port || (url.protocol === 'https:' ? '443' : '80'), path: url.pathname === '/' ? '' : url.pathname };
+    const target = {
+      protocol: url.protocol,
+      host: url.hostname,
+      hostname,
+      port: url.port || (url.protocol === 'https:' ? '443' : '80'),
+      path: url.pathname === '/' ? '' : url.pathname,
+    };
     return createProxyMiddleware<IncomingMessage, ServerResponse>({
-      target: target as never,
+      target: target,
       agent,
       changeOrigin: true,
       // Spares http-proxy a URL parse of the path; the exact path is set on each request (proxyReq below).
@@ -289,7 +305,11 @@ export class Forwarder {
     proxyRes.once('error', () => this.#broken(exchange, res));
     proxyRes.once('aborted', () => this.#broken(exchange, res));
     proxyRes.once('end', () => clearTimeout(exchange.timer));
-    res.writeHead(exchange.status, proxyRes.statusMessage, responseHeaderList(proxyRes.rawHeaders, proxyRes.headers.connection, exchange.request.answerHeaders));
+    res.writeHead(
+      exchange.status,
+      proxyRes.statusMessage,
+      responseHeaderList(proxyRes.rawHeaders, proxyRes.headers.connection, exchange.request.answerHeaders),
+    );
     proxyRes.pipe(res);
   }
 
@@ -315,14 +335,23 @@ export class Forwarder {
   #failed(exchange: Exchange, err: Error): void {
     if (exchange.outcome !== undefined) return;
     const code = (err as NodeJS.ErrnoException).code;
-    if (exchange.status === undefined && !exchange.retried && exchange.proxyReq?.reusedSocket && code === 'ECONNRESET' && RETRYABLE.has(exchange.request.incoming.method ?? '')) {
+    if (
+      exchange.status === undefined &&
+      !exchange.retried &&
+      exchange.proxyReq?.reusedSocket &&
+      code === 'ECONNRESET' &&
+      RETRYABLE.has(exchange.request.incoming.method ?? '')
+    ) {
       // A kept-alive socket the bridge had just closed: a safe request is sent once more (RFC 9112 §9.3.1).
       exchange.retried = true;
       exchange.proxyReq = undefined;
       this.#send(exchange);
       return;
     }
-    this.#onError(err, { bridge: exchange.request.bridge, phase: exchange.status === undefined ? 'request' : 'response' });
+    this.#onError(err, {
+      bridge: exchange.request.bridge,
+      phase: exchange.status === undefined ? 'request' : 'response',
+    });
     if (exchange.status !== undefined) {
       this.#broken(exchange, exchange.request.outgoing);
       return;

@@ -24,7 +24,10 @@ const NO_TOKENS: string[] = [];
 function connectionTokens(value: string | string[] | undefined): string[] {
   // The usual values name only hop-by-hop fields, which are dropped anyway.
   if (value === undefined || value === 'keep-alive' || value === 'close' || value === 'Keep-Alive') return NO_TOKENS;
-  return (Array.isArray(value) ? value.join(',') : value).split(',').map((t) => t.trim().toLowerCase()).filter(Boolean);
+  return (Array.isArray(value) ? value.join(',') : value)
+    .split(',')
+    .map((t) => t.trim().toLowerCase())
+    .filter(Boolean);
 }
 
 export interface ForwardHeaderValues {
@@ -55,7 +58,7 @@ export function prepareRequestHeaders(headers: IncomingHttpHeaders, values: Forw
   else if (chunked) headers['transfer-encoding'] = 'chunked';
 
   const forwardedFor = headers['x-forwarded-for'];
-  headers['x-forwarded-for'] = forwardedFor ? `${forwardedFor}, ${values.clientAddress}` : values.clientAddress;
+  headers['x-forwarded-for'] = forwardedFor ? `${String(forwardedFor)}, ${values.clientAddress}` : values.clientAddress;
   // The gateway is the public edge: it states the scheme and host the client used.
   headers['x-forwarded-proto'] = values.proto;
   headers['x-forwarded-host'] = headers.host ?? '';
@@ -63,7 +66,16 @@ export function prepareRequestHeaders(headers: IncomingHttpHeaders, values: Forw
 }
 
 /** Fields a `Connection` header may not remove: they are the request itself, or the gateway's own. */
-const PROTECTED = new Set(['host', 'content-length', 'x-request-id', 'x-forwarded-for', 'x-forwarded-proto', 'x-forwarded-host', 'authorization', 'x-otp-token']);
+const PROTECTED = new Set([
+  'host',
+  'content-length',
+  'x-request-id',
+  'x-forwarded-for',
+  'x-forwarded-proto',
+  'x-forwarded-host',
+  'authorization',
+  'x-otp-token',
+]);
 
 /** Fields the gateway itself writes on every counted answer (INTERFACE §6). */
 const GATEWAY_FIELDS = new Set([
@@ -81,7 +93,11 @@ const GATEWAY_FIELDS = new Set([
  * fields dropped, names and repeated fields kept exactly, the gateway's own fields added
  * (they replace a bridge field of the same name).
  */
-export function responseHeaderList(rawHeaders: readonly string[], connection: string | string[] | undefined, own: ReadonlyArray<readonly [string, string]>): string[] {
+export function responseHeaderList(
+  rawHeaders: readonly string[],
+  connection: string | string[] | undefined,
+  own: ReadonlyArray<readonly [string, string]>,
+): string[] {
   const dropped = connectionTokens(connection);
   const out: string[] = [];
   for (let i = 0; i < rawHeaders.length; i += 2) {

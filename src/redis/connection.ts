@@ -51,9 +51,18 @@ export function createRedisClient(target: RedisTarget): RedisClient {
  * subscription survives reconnects (ioredis re-subscribes by itself).
  */
 export function createSubscriber(target: RedisTarget): RedisClient {
-  const options: RedisOptions = { ...commonOptions(target.commandTimeoutMs), commandTimeout: undefined, enableAutoPipelining: false, maxRetriesPerRequest: null };
+  const options: RedisOptions = {
+    ...commonOptions(target.commandTimeoutMs),
+    commandTimeout: undefined,
+    enableAutoPipelining: false,
+    maxRetriesPerRequest: null,
+  };
   if (target.clusterNodes && target.clusterNodes.length > 0) {
-    return new Cluster([...target.clusterNodes], { lazyConnect: true, clusterRetryStrategy: reconnectDelay, redisOptions: options });
+    return new Cluster([...target.clusterNodes], {
+      lazyConnect: true,
+      clusterRetryStrategy: reconnectDelay,
+      redisOptions: options,
+    });
   }
   if (!target.url) throw new Error('createSubscriber: neither a URL nor cluster nodes');
   return new Redis(target.url, { ...options, retryStrategy: reconnectDelay });

@@ -1,6 +1,15 @@
 import { randomBytes } from 'node:crypto';
 import type { Cluster, Redis } from 'ioredis';
-import { MergeFailedError, type ConsumeRequest, type CounterStore, type Counts, type MergeEntry, type StoreUnavailableError, type Usage, type WindowIds } from '../limits/store.js';
+import {
+  MergeFailedError,
+  type ConsumeRequest,
+  type CounterStore,
+  type Counts,
+  type MergeEntry,
+  type StoreUnavailableError,
+  type Usage,
+  type WindowIds,
+} from '../limits/store.js';
 import type { RedisClient } from './connection.js';
 import { toStoreError } from './errors.js';
 
@@ -202,13 +211,23 @@ export class RedisCounterStore implements CounterStore {
   #run(batch: readonly Pending[]): void {
     const receipt = this.#instance + (this.#sequence++).toString(36);
     const keysThenArgs: Array<string | number> = batch.map((p) => p.key);
-    for (const { request: r } of batch) keysThenArgs.push(r.hourStart, r.dayStart, r.hourLimit, r.dayLimit, r.expireAt, r.force ? '1' : '0');
+    for (const { request: r } of batch)
+      keysThenArgs.push(r.hourStart, r.dayStart, r.hourLimit, r.dayLimit, r.expireAt, r.force ? '1' : '0');
     keysThenArgs.push(receipt);
     const [firstKey, ...rest] = keysThenArgs as [string, ...Array<string | number>];
-    const reply = batch.length === 1 ? this.#client.oapiConsume(firstKey, ...rest) : this.#client.oapiConsumeMany(batch.length, ...keysThenArgs);
+    const reply =
+      batch.length === 1
+        ? this.#client.oapiConsume(firstKey, ...rest)
+        : this.#client.oapiConsumeMany(batch.length, ...keysThenArgs);
     reply.then(
       (counts) => {
-        batch.forEach((pending, i) => pending.resolve({ allowed: counts[i * 3] === 1, hour: counts[i * 3 + 1] as number, day: counts[i * 3 + 2] as number }));
+        batch.forEach((pending, i) =>
+          pending.resolve({
+            allowed: counts[i * 3] === 1,
+            hour: counts[i * 3 + 1] as number,
+            day: counts[i * 3 + 2] as number,
+          }),
+        );
       },
       (err: unknown) => {
         const failure = this.#failed(receipt, batch, err);
@@ -223,7 +242,8 @@ export class RedisCounterStore implements CounterStore {
     if (failure.kind === 'reply') return failure;
     if (this.#inDoubt.size >= MAX_IN_DOUBT) this.#inDoubt.delete(this.#inDoubt.keys().next().value as string);
     const counters: InDoubt = new Map();
-    for (const { key, request } of batch) counters.set(key, { hourStart: request.hourStart, dayStart: request.dayStart });
+    for (const { key, request } of batch)
+      counters.set(key, { hourStart: request.hourStart, dayStart: request.dayStart });
     this.#inDoubt.set(receipt, counters);
     this.#reconcileTimer ??= setInterval(() => void this.reconcile(), RECONCILE_EVERY_MS).unref();
     // A timed-out call is still queued on a live connection: the undo goes right behind it.
@@ -238,7 +258,11 @@ export class RedisCounterStore implements CounterStore {
       const pending = [...this.#inDoubt];
       try {
         // Commands of one connection run in order, so each undo runs after its doubtful call (if that ever runs).
-        await Promise.all(pending.flatMap(([receipt, counters]) => [...counters].map(([key, w]) => this.#client.oapiUndo(key, receipt, w.hourStart, w.dayStart))));
+        await Promise.all(
+          pending.flatMap(([receipt, counters]) =>
+            [...counters].map(([key, w]) => this.#client.oapiUndo(key, receipt, w.hourStart, w.dayStart)),
+          ),
+        );
         for (const [receipt] of pending) this.#inDoubt.delete(receipt);
         if (this.#inDoubt.size === 0) {
           clearInterval(this.#reconcileTimer);

@@ -4,7 +4,9 @@ import { StoreUnavailableError } from '../limits/store.js';
 export function toStoreError(err: unknown): StoreUnavailableError {
   if (err instanceof StoreUnavailableError) return err;
   const message = err instanceof Error ? err.message : String(err);
-  if (/timed out/i.test(message)) return new StoreUnavailableError('timeout', 'Redis command timed out', { cause: err });
-  if (err instanceof Error && err.name === 'ReplyError') return new StoreUnavailableError('reply', `Redis refused the command: ${message}`, { cause: err });
+  if (/timed out/i.test(message))
+    return new StoreUnavailableError('timeout', 'Redis command timed out', { cause: err });
+  if (err instanceof Error && err.name === 'ReplyError')
+    return new StoreUnavailableError('reply', `Redis refused the command: ${message}`, { cause: err });
   return new StoreUnavailableError('connection', `Redis unavailable: ${message}`, { cause: err });
 }

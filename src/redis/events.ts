@@ -29,7 +29,13 @@ export function readEvent(message: string): GatewayEvent | undefined {
   const e = event as Record<string, unknown>;
   if (e.type === 'usage-reset' && typeof e.keyHash === 'string') return { type: 'usage-reset', keyHash: e.keyHash };
   if (e.type === 'keys-changed') return { type: 'keys-changed' };
-  if (e.type === 'address-blocked' && typeof e.address === 'string' && e.address.length <= 256 && typeof e.ms === 'number' && Number.isFinite(e.ms)) {
+  if (
+    e.type === 'address-blocked' &&
+    typeof e.address === 'string' &&
+    e.address.length <= 256 &&
+    typeof e.ms === 'number' &&
+    Number.isFinite(e.ms)
+  ) {
     return { type: 'address-blocked', address: e.address, ms: e.ms };
   }
   return undefined;

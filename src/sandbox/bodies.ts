@@ -24,5 +24,11 @@ export function loginFailedBody(kind: BridgeKind): string {
 
 /** The seed's section 2.1 token set: all five fields. */
 export function tokenSetBody(tokens: { access: string; refresh: string; otp: string }): string {
-  return JSON.stringify({ access_token: tokens.access, refresh_token: tokens.refresh, expires_in: 3600, otp_token: tokens.otp, token_type: 'Bearer' });
+  return JSON.stringify({
+    access_token: tokens.access,
+    refresh_token: tokens.refresh,
+    expires_in: 3600,
+    otp_token: tokens.otp,
+    token_type: 'Bearer',
+  });
 }

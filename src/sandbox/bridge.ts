@@ -2,7 +2,14 @@ import { randomBytes } from 'node:crypto';
 import http, { type IncomingHttpHeaders } from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { WebSocketServer } from 'ws';
-import { DEMO_PASSWORD, DEMO_USERNAME, LOGIN_FAILED_STATUS, loginFailedBody, tokenSetBody, type BridgeKind } from './bodies.js';
+import {
+  DEMO_PASSWORD,
+  DEMO_USERNAME,
+  LOGIN_FAILED_STATUS,
+  loginFailedBody,
+  tokenSetBody,
+  type BridgeKind,
+} from './bodies.js';
 
 /**
  * A stand-in for the `eqt` or `fno` bridge, for `npm run sandbox` and the tests. Its token
@@ -34,7 +41,10 @@ const TOKEN_PATHS: Record<BridgeKind, string> = {
   fno: '/oapi/auth/gen-secret-key/derivative',
 };
 
-export async function startSandboxBridge(kind: BridgeKind, options: { port?: number; host?: string } = {}): Promise<SandboxBridge> {
+export async function startSandboxBridge(
+  kind: BridgeKind,
+  options: { port?: number; host?: string } = {},
+): Promise<SandboxBridge> {
   const requests: RecordedRequest[] = [];
   const server = http.createServer((req, res) => {
     const chunks: Buffer[] = [];
@@ -44,8 +54,14 @@ export async function startSandboxBridge(kind: BridgeKind, options: { port?: num
       requests.push({ method: req.method ?? '', url: req.url ?? '', headers: req.headers, body });
       if (requests.length > 1000) requests.shift();
       const path = (req.url ?? '/').split('?')[0];
-      if (req.method === 'POST' && (path === TOKEN_PATHS[kind] || path === '/auth/token')) return login(kind, body, res);
-      const answer = JSON.stringify({ bridge: kind, method: req.method, path, query: (req.url ?? '').slice((path ?? '').length) });
+      if (req.method === 'POST' && (path === TOKEN_PATHS[kind] || path === '/auth/token'))
+        return login(kind, body, res);
+      const answer = JSON.stringify({
+        bridge: kind,
+        method: req.method,
+        path,
+        query: (req.url ?? '').slice((path ?? '').length),
+      });
       res.writeHead(200, { 'Content-Type': 'application/json', 'Content-Length': Buffer.byteLength(answer) });
       res.end(answer);
     });
@@ -81,8 +97,15 @@ function login(kind: BridgeKind, body: Buffer, res: http.ServerResponse): void {
   }
   const ok = credentials.username === DEMO_USERNAME && credentials.password === DEMO_PASSWORD;
   const answer = ok
-    ? tokenSetBody({ access: randomBytes(24).toString('base64url'), refresh: randomBytes(24).toString('base64url'), otp: randomBytes(12).toString('base64url') })
+    ? tokenSetBody({
+        access: randomBytes(24).toString('base64url'),
+        refresh: randomBytes(24).toString('base64url'),
+        otp: randomBytes(12).toString('base64url'),
+      })
     : loginFailedBody(kind);
-  res.writeHead(ok ? 200 : LOGIN_FAILED_STATUS, { 'Content-Type': 'application/json; charset=utf-8', 'Content-Length': Buffer.byteLength(answer) });
+  res.writeHead(ok ? 200 : LOGIN_FAILED_STATUS, {
+    'Content-Type': 'application/json; charset=utf-8',
+    'Content-Length': Buffer.byteLength(answer),
+  });
   res.end(answer);
 }

@@ -13,7 +13,10 @@ export function clientAddressOf(trustProxyHops: number): (c: Context<GatewayEnv>
     if (trustProxyHops === 0) return remote;
     const forwarded = c.env?.incoming?.headers['x-forwarded-for'];
     if (typeof forwarded !== 'string') return remote;
-    const hops = forwarded.split(',').map((s) => s.trim()).filter(Boolean);
+    const hops = forwarded
+      .split(',')
+      .map((s) => s.trim())
+      .filter(Boolean);
     return hops[hops.length - trustProxyHops] ?? hops[0] ?? remote;
   };
 }

@@ -29,9 +29,13 @@ export function createPublicServer(
   logger: Logger,
   onUpgrade: (req: IncomingMessage, socket: Duplex, head: Buffer) => void,
 ): PublicServer {
-  const listener = getRequestListener(app.fetch as never, {
+  const listener = getRequestListener(app.fetch, {
     // A request node-server cannot turn into a URL (bad Host header, absolute-form oddities).
-    errorHandler: () => new Response(errorBody(400, 'Malformed request'), { status: 400, headers: { 'Content-Type': 'application/json' } }),
+    errorHandler: () =>
+      new Response(errorBody(400, 'Malformed request'), {
+        status: 400,
+        headers: { 'Content-Type': 'application/json' },
+      }),
   });
   const server = http.createServer(
     {
@@ -39,7 +43,10 @@ export function createPublicServer(
       headersTimeout: settings.headersTimeoutMs,
       requestTimeout: settings.requestTimeoutMs,
       // Node checks both timeouts only this often (30 s by default, far longer than the timeouts themselves).
-      connectionsCheckingInterval: Math.max(50, Math.min(1000, Math.floor(Math.min(settings.headersTimeoutMs, settings.requestTimeoutMs) / 4))),
+      connectionsCheckingInterval: Math.max(
+        50,
+        Math.min(1000, Math.floor(Math.min(settings.headersTimeoutMs, settings.requestTimeoutMs) / 4)),
+      ),
       keepAliveTimeout: 5000,
     },
     listener,

@@ -43,12 +43,22 @@ export function createPublicApp(deps: PublicAppDeps): Hono<GatewayEnv> {
   app.use(
     accessLog({ logger, metrics }),
     requestId(),
-    apiKeyAuth({ header: settings.apiKeyHeader, mode: settings.apiKeyMode, registry: deps.registry, guard: deps.guard, metrics, clientAddress }),
+    apiKeyAuth({
+      header: settings.apiKeyHeader,
+      mode: settings.apiKeyMode,
+      registry: deps.registry,
+      guard: deps.guard,
+      metrics,
+      clientAddress,
+    }),
     matchEndpoint({ table: deps.table, routing: settings }),
     rateLimit({ limiter: deps.limiter, metrics }),
     bodyRules({ maxBodyBytes: settings.maxBodyBytes, credentialRoutes: settings.credentialRoutes }),
   );
-  app.all('*', forward({ forwarder: deps.forwarder, websockets: deps.websockets, maxBodyBytes: settings.maxBodyBytes }));
+  app.all(
+    '*',
+    forward({ forwarder: deps.forwarder, websockets: deps.websockets, maxBodyBytes: settings.maxBodyBytes }),
+  );
   app.onError((err, c) => {
     logger.error({ err, reqId: c.get('requestId') }, 'unexpected error');
     return answer(c, 500, 'Unexpected error');

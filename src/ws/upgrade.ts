@@ -13,7 +13,10 @@ import type { GatewayEnv } from '../server/context.js';
 
 const ALREADY_SENT = 'x-hono-already-sent';
 
-export function upgradeListener(app: Hono<GatewayEnv>, accepting: () => boolean): (req: IncomingMessage, socket: Duplex, head: Buffer) => void {
+export function upgradeListener(
+  app: Hono<GatewayEnv>,
+  accepting: () => boolean,
+): (req: IncomingMessage, socket: Duplex, head: Buffer) => void {
   return function onUpgrade(req, socket, head) {
     socket.on('error', () => socket.destroy());
     void handle(req, socket, head);
@@ -36,7 +39,11 @@ export function upgradeListener(app: Hono<GatewayEnv>, accepting: () => boolean)
       socket.end(rawAnswer(400, 'Malformed request'));
       return;
     }
-    const response = await app.fetch(request, { incoming: req, outgoing: undefined as never, upgrade: { socket, head } });
+    const response = await app.fetch(request, {
+      incoming: req,
+      outgoing: undefined as never,
+      upgrade: { socket, head },
+    });
     if (response.headers.get(ALREADY_SENT)) return;
     await writeResponse(socket, response);
   }

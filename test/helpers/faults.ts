@@ -9,7 +9,12 @@ export function sleep(ms: number): Promise<void> {
 }
 
 /** Polls `check` until it returns true, at most `timeoutMs`; throws with `what` when it never does. */
-export async function waitFor(what: string, check: () => boolean | Promise<boolean>, timeoutMs: number, intervalMs = 25): Promise<void> {
+export async function waitFor(
+  what: string,
+  check: () => boolean | Promise<boolean>,
+  timeoutMs: number,
+  intervalMs = 25,
+): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   for (;;) {
     if (await check()) return;
@@ -30,7 +35,10 @@ export async function timed<T>(work: () => Promise<T>): Promise<Timed<T>> {
 }
 
 /** A request whose outcome is either a complete reply or the error that ended it (never a rejection). */
-export async function attempt(baseUrl: string, options: SendOptions): Promise<{ reply?: Reply; error?: Error; ms: number }> {
+export async function attempt(
+  baseUrl: string,
+  options: SendOptions,
+): Promise<{ reply?: Reply; error?: Error; ms: number }> {
   const t0 = performance.now();
   try {
     const reply = await send(baseUrl, options);
@@ -49,7 +57,11 @@ export interface UsageEntry {
 
 /** `GET /admin/usage/<key>`: every row's usage of one key, read from the counter store. */
 export async function usageOf(gw: TestGateway, key: string): Promise<UsageEntry[]> {
-  const reply = await send(gw.adminUrl, { path: `/admin/usage/${encodeURIComponent(key)}`, headers: authHeader(), agent: false });
+  const reply = await send(gw.adminUrl, {
+    path: `/admin/usage/${encodeURIComponent(key)}`,
+    headers: authHeader(),
+    agent: false,
+  });
   if (reply.status !== 200) throw new Error(`usage of a key answered ${reply.status}: ${reply.text}`);
   return reply.json<{ endpoints: UsageEntry[] }>().endpoints;
 }
@@ -70,7 +82,8 @@ export async function metricValue(gw: TestGateway, name: string, labels: Record<
     const m = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$/.exec(line);
     if (!m || m[1] !== name) continue;
     const have = new Map<string, string>();
-    for (const pair of (m[2] ?? '').matchAll(/([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"/g)) have.set(pair[1] as string, pair[2] as string);
+    for (const pair of (m[2] ?? '').matchAll(/([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"/g))
+      have.set(pair[1] as string, pair[2] as string);
     if (wanted.every(([k, v]) => have.get(k) === v) && have.size === wanted.length) return Number(m[3]);
   }
   return 0;

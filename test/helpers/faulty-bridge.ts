@@ -80,7 +80,13 @@ export async function startFaultyBridge(): Promise<FaultyBridge> {
     url: `http://127.0.0.1:${port}`,
     port,
     connections,
-    connectionsFor: (mode) => connections.filter((c) => c.paths.at(-1)?.split('?')[0]?.endsWith('/' + mode)),
+    connectionsFor: (mode) =>
+      connections.filter((c) =>
+        c.paths
+          .at(-1)
+          ?.split('?')[0]
+          ?.endsWith('/' + mode),
+      ),
     close: async () => {
       for (const s of sockets) s.destroy();
       await new Promise<void>((resolve) => server.close(() => resolve()));
@@ -92,13 +98,18 @@ function answer(socket: net.Socket, mode: string): void {
   const partialHead = 'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n';
   switch (mode) {
     case 'ok':
-      socket.write(`HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: ${OK_BODY.length}\r\n\r\n${OK_BODY}`);
+      socket.write(
+        `HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: ${OK_BODY.length}\r\n\r\n${OK_BODY}`,
+      );
       return;
     case 'reset-length':
       socket.write(partialHead + '{"partial":"', () => setTimeout(() => socket.resetAndDestroy(), 30));
       return;
     case 'close-chunked':
-      socket.write('HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nc\r\n{"partial":"\r\n', () => setTimeout(() => socket.end(), 30));
+      socket.write(
+        'HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nc\r\n{"partial":"\r\n',
+        () => setTimeout(() => socket.end(), 30),
+      );
       return;
     case 'silent':
       return;

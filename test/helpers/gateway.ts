@@ -80,10 +80,10 @@ export async function startTestGateway(options: TestGatewayOptions = {}): Promis
       done();
     },
   });
-  const settings = loadSettings({ env: env as NodeJS.ProcessEnv, cwd: dir });
+  const settings = loadSettings({ env: env, cwd: dir });
   const gateway = await startGateway({
     settings,
-    logDestination: destination as never,
+    logDestination: destination,
     watchPollMs: 200,
     ...(options.clock ? { clock: options.clock } : {}),
   });
@@ -124,7 +124,9 @@ export interface GatewayPair {
 }
 
 /** Two gateway instances in front of the same bridges, sharing one key prefix (and so their counters). */
-export async function startGatewayPair(options: Omit<TestGatewayOptions, 'bridges' | 'prefix'> & { readonly label?: string } = {}): Promise<GatewayPair> {
+export async function startGatewayPair(
+  options: Omit<TestGatewayOptions, 'bridges' | 'prefix'> & { readonly label?: string } = {},
+): Promise<GatewayPair> {
   const eqt = await startSandboxBridge('eqt');
   const fno = await startSandboxBridge('fno');
   const shared = { ...options, prefix: uniquePrefix(options.label ?? 'pair'), bridges: { eqt, fno } };

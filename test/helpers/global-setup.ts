@@ -11,7 +11,9 @@ import { Redis } from 'ioredis';
 export default async function setup(): Promise<() => Promise<void>> {
   const run = randomBytes(4).toString('hex');
   process.env.OAPI_TEST_RUN = run;
-  execFileSync(process.execPath, ['node_modules/typescript/bin/tsc', '-p', 'tsconfig.build.json'], { stdio: 'inherit' });
+  execFileSync(process.execPath, ['node_modules/typescript/bin/tsc', '-p', 'tsconfig.build.json'], {
+    stdio: 'inherit',
+  });
   const url = process.env.REDIS_URL ?? 'redis://127.0.0.1:6379';
   const redis = new Redis(url, { lazyConnect: true, maxRetriesPerRequest: 0, connectTimeout: 2000 });
   try {

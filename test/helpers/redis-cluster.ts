@@ -60,7 +60,15 @@ function run(file: string, args: string[], timeoutMs: number): Promise<string> {
 }
 
 async function clusterStateOk(port: number): Promise<boolean> {
-  const client = new Redis({ port, host: HOST, lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => null, connectTimeout: 500, commandTimeout: 500 });
+  const client = new Redis({
+    port,
+    host: HOST,
+    lazyConnect: true,
+    maxRetriesPerRequest: 0,
+    retryStrategy: () => null,
+    connectTimeout: 500,
+    commandTimeout: 500,
+  });
   client.on('error', () => {});
   try {
     await client.connect();
@@ -99,22 +107,34 @@ export async function startRedisCluster(options: { readyTimeoutMs?: number } = {
       const child = spawn(
         'redis-server',
         [
-          '--port', String(port),
-          '--bind', HOST,
-          '--cluster-enabled', 'yes',
-          '--cluster-config-file', join(dir, `nodes-${port}.conf`),
-          '--cluster-node-timeout', '5000',
-          '--save', '',
-          '--appendonly', 'no',
-          '--dir', dir,
-          '--daemonize', 'no',
-          '--loglevel', 'warning',
+          '--port',
+          String(port),
+          '--bind',
+          HOST,
+          '--cluster-enabled',
+          'yes',
+          '--cluster-config-file',
+          join(dir, `nodes-${port}.conf`),
+          '--cluster-node-timeout',
+          '5000',
+          '--save',
+          '',
+          '--appendonly',
+          'no',
+          '--dir',
+          dir,
+          '--daemonize',
+          'no',
+          '--loglevel',
+          'warning',
         ],
         { stdio: 'ignore' },
       );
       children.push(child);
       const exited = new Promise<'exited'>((resolve) => child.once('exit', () => resolve('exited')));
-      const outcome = await Promise.race([waitForPing(port, 5000).then(() => 'up' as const), exited]).catch(() => 'timeout' as const);
+      const outcome = await Promise.race([waitForPing(port, 5000).then(() => 'up' as const), exited]).catch(
+        () => 'timeout' as const,
+      );
       if (outcome === 'up') {
         ports.push(port);
         return;
@@ -127,13 +147,18 @@ export async function startRedisCluster(options: { readyTimeoutMs?: number } = {
 
   try {
     for (let i = 0; i < MASTERS; i++) await launch();
-    await run('redis-cli', ['--cluster', 'create', ...ports.map((p) => `${HOST}:${p}`), '--cluster-replicas', '0', '--cluster-yes'], 15_000);
+    await run(
+      'redis-cli',
+      ['--cluster', 'create', ...ports.map((p) => `${HOST}:${p}`), '--cluster-replicas', '0', '--cluster-yes'],
+      15_000,
+    );
 
     const deadline = Date.now() + (options.readyTimeoutMs ?? 10_000);
     for (;;) {
       const states = await Promise.all(ports.map(clusterStateOk));
       if (states.every(Boolean)) break;
-      if (Date.now() > deadline) throw new Error(`redis cluster on ports ${ports.join(', ')} did not reach cluster_state:ok in time`);
+      if (Date.now() > deadline)
+        throw new Error(`redis cluster on ports ${ports.join(', ')} did not reach cluster_state:ok in time`);
       await new Promise((r) => setTimeout(r, 100));
     }
   } catch (err) {

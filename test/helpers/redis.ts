@@ -67,10 +67,27 @@ export interface RedisProcess {
  * `persist`, it keeps an append-only file (fsync on every write) in a temporary directory, so
  * its counters survive a kill and restart.
  */
-export async function startRedisServer(options: { persist?: boolean; args?: string[]; port?: number } = {}): Promise<RedisProcess> {
+export async function startRedisServer(
+  options: { persist?: boolean; args?: string[]; port?: number } = {},
+): Promise<RedisProcess> {
   const port = options.port ?? (await freePort());
   const dir = mkdtempSync(join(tmpdir(), 'oapi-redis-'));
-  const args = ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--dir', dir, '--daemonize', 'no', '--loglevel', 'warning', ...(options.persist ? ['--appendonly', 'yes', '--appendfsync', 'always'] : ['--appendonly', 'no']), ...(options.args ?? [])];
+  const args = [
+    '--port',
+    String(port),
+    '--bind',
+    '127.0.0.1',
+    '--save',
+    '',
+    '--dir',
+    dir,
+    '--daemonize',
+    'no',
+    '--loglevel',
+    'warning',
+    ...(options.persist ? ['--appendonly', 'yes', '--appendfsync', 'always'] : ['--appendonly', 'no']),
+    ...(options.args ?? []),
+  ];
   let child: ChildProcess | undefined;
 
   const launch = async (): Promise<void> => {
@@ -110,7 +127,14 @@ export async function startRedisServer(options: { persist?: boolean; args?: stri
 export async function waitForPing(port: number, timeoutMs: number): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   while (Date.now() < deadline) {
-    const client = new Redis({ port, host: '127.0.0.1', lazyConnect: true, maxRetriesPerRequest: 0, retryStrategy: () => null, connectTimeout: 500 });
+    const client = new Redis({
+      port,
+      host: '127.0.0.1',
+      lazyConnect: true,
+      maxRetriesPerRequest: 0,
+      retryStrategy: () => null,
+      connectTimeout: 500,
+    });
     client.on('error', () => {}); // refused until the server is up
     try {
       await client.connect();

@@ -46,7 +46,9 @@ export function describeCounterStore(name: string, makeStore: () => CounterStore
     it('uses nothing for a refused request: hammering past the hour does not burn the day', async () => {
       for (let i = 0; i < 3; i++) await store.consume(req());
       for (let i = 0; i < 20; i++) expect((await store.consume(req())).allowed).toBe(false);
-      expect(await store.usage(keyHash, [{ counterId: 'row', hourStart: H, dayStart: D }])).toEqual([{ hour: 3, day: 3 }]);
+      expect(await store.usage(keyHash, [{ counterId: 'row', hourStart: H, dayStart: D }])).toEqual([
+        { hour: 3, day: 3 },
+      ]);
       // The next hour has room again, and the day counted only the three admitted requests.
       expect(await store.consume(req({ hourStart: H + 3600 }))).toEqual({ allowed: true, hour: 1, day: 4 });
     });
@@ -54,39 +56,59 @@ export function describeCounterStore(name: string, makeStore: () => CounterStore
     it('refuses on a spent day without touching the hour window', async () => {
       for (let h = 0; h < 2; h++) for (let i = 0; i < 3; i++) await store.consume(req({ hourStart: H + h * 3600 }));
       expect(await store.consume(req({ hourStart: H + 7200 }))).toEqual({ allowed: false, hour: 0, day: 5 });
-      expect(await store.consume(req({ hourStart: H + 7200, dayLimit: 6 }))).toEqual({ allowed: true, hour: 1, day: 6 });
+      expect(await store.consume(req({ hourStart: H + 7200, dayLimit: 6 }))).toEqual({
+        allowed: true,
+        hour: 1,
+        day: 6,
+      });
     });
 
     it('starts a new day window', async () => {
       for (let i = 0; i < 3; i++) await store.consume(req());
-      expect(await store.consume(req({ hourStart: H + 86_400, dayStart: D + 86_400 }))).toEqual({ allowed: true, hour: 1, day: 1 });
+      expect(await store.consume(req({ hourStart: H + 86_400, dayStart: D + 86_400 }))).toEqual({
+        allowed: true,
+        hour: 1,
+        day: 1,
+      });
     });
 
     it('never moves a window back: an instance whose clock lags counts in the newer window', async () => {
       await store.consume(req({ hourStart: H + 3600 }));
       expect(await store.consume(req({ hourStart: H }))).toEqual({ allowed: true, hour: 2, day: 2 });
-      expect(await store.usage(keyHash, [{ counterId: 'row', hourStart: H + 3600, dayStart: D }])).toEqual([{ hour: 2, day: 2 }]);
+      expect(await store.usage(keyHash, [{ counterId: 'row', hourStart: H + 3600, dayStart: D }])).toEqual([
+        { hour: 2, day: 2 },
+      ]);
     });
 
     it('counts past the limits when forced (shadow rows)', async () => {
       for (let i = 0; i < 7; i++) expect((await store.consume(req({ force: true }))).allowed).toBe(true);
-      expect(await store.usage(keyHash, [{ counterId: 'row', hourStart: H, dayStart: D }])).toEqual([{ hour: 7, day: 7 }]);
+      expect(await store.usage(keyHash, [{ counterId: 'row', hourStart: H, dayStart: D }])).toEqual([
+        { hour: 7, day: 7 },
+      ]);
     });
 
     it('keeps rows and keys apart', async () => {
       await store.consume(req());
       await store.consume(req({ counterId: 'other' }));
       await store.consume(req({ keyHash: keyHash + 'b' }));
-      expect(await store.usage(keyHash, [
-        { counterId: 'row', hourStart: H, dayStart: D },
-        { counterId: 'other', hourStart: H, dayStart: D },
-        { counterId: 'none', hourStart: H, dayStart: D },
-      ])).toEqual([{ hour: 1, day: 1 }, { hour: 1, day: 1 }, { hour: 0, day: 0 }]);
+      expect(
+        await store.usage(keyHash, [
+          { counterId: 'row', hourStart: H, dayStart: D },
+          { counterId: 'other', hourStart: H, dayStart: D },
+          { counterId: 'none', hourStart: H, dayStart: D },
+        ]),
+      ).toEqual([
+        { hour: 1, day: 1 },
+        { hour: 1, day: 1 },
+        { hour: 0, day: 0 },
+      ]);
     });
 
     it('reports usage of past windows as 0', async () => {
       await store.consume(req());
-      expect(await store.usage(keyHash, [{ counterId: 'row', hourStart: H + 3600, dayStart: D + 86_400 }])).toEqual([{ hour: 0, day: 0 }]);
+      expect(await store.usage(keyHash, [{ counterId: 'row', hourStart: H + 3600, dayStart: D + 86_400 }])).toEqual([
+        { hour: 0, day: 0 },
+      ]);
     });
 
     it('resets a key on the given rows', async () => {
@@ -94,14 +116,29 @@ export function describeCounterStore(name: string, makeStore: () => CounterStore
       await store.consume(req({ counterId: 'kept' }));
       await store.reset(keyHash, ['row']);
       expect(await store.consume(req())).toEqual({ allowed: true, hour: 1, day: 1 });
-      expect(await store.usage(keyHash, [{ counterId: 'kept', hourStart: H, dayStart: D }])).toEqual([{ hour: 1, day: 1 }]);
+      expect(await store.usage(keyHash, [{ counterId: 'kept', hourStart: H, dayStart: D }])).toEqual([
+        { hour: 1, day: 1 },
+      ]);
     });
 
     it('merges units counted elsewhere into the windows they name, past the limits, leaving later windows alone', async () => {
       await store.consume(req());
-      const entry = { keyHash, counterId: 'row', hourStart: H, hour: 4, dayStart: D, day: 4, expireAt: (D + 3 * 86_400) * 1000 };
+      const entry = {
+        keyHash,
+        counterId: 'row',
+        hourStart: H,
+        hour: 4,
+        dayStart: D,
+        day: 4,
+        expireAt: (D + 3 * 86_400) * 1000,
+      };
       await store.merge([entry, { ...entry, counterId: 'fresh', hour: 2, day: 3 }]);
-      expect(await store.usage(keyHash, [{ counterId: 'row', hourStart: H, dayStart: D }, { counterId: 'fresh', hourStart: H, dayStart: D }])).toEqual([
+      expect(
+        await store.usage(keyHash, [
+          { counterId: 'row', hourStart: H, dayStart: D },
+          { counterId: 'fresh', hourStart: H, dayStart: D },
+        ]),
+      ).toEqual([
         { hour: 5, day: 5 },
         { hour: 2, day: 3 },
       ]);
@@ -109,17 +146,25 @@ export function describeCounterStore(name: string, makeStore: () => CounterStore
       // Units of an hour that is over are not added to the next one, which the counter is already in.
       await store.consume(req({ counterId: 'moved', hourStart: H + 3600 }));
       await store.merge([{ ...entry, counterId: 'moved', hour: 3, day: 3 }]);
-      expect(await store.usage(keyHash, [{ counterId: 'moved', hourStart: H + 3600, dayStart: D }])).toEqual([{ hour: 1, day: 4 }]);
+      expect(await store.usage(keyHash, [{ counterId: 'moved', hourStart: H + 3600, dayStart: D }])).toEqual([
+        { hour: 1, day: 4 },
+      ]);
       // Nor units of a day that is over to the next day.
       await store.consume(req({ counterId: 'next-day', hourStart: H + 86_400, dayStart: D + 86_400 }));
       await store.merge([{ ...entry, counterId: 'next-day', hour: 3, day: 3 }]);
-      expect(await store.usage(keyHash, [{ counterId: 'next-day', hourStart: H + 86_400, dayStart: D + 86_400 }])).toEqual([{ hour: 1, day: 1 }]);
+      expect(
+        await store.usage(keyHash, [{ counterId: 'next-day', hourStart: H + 86_400, dayStart: D + 86_400 }]),
+      ).toEqual([{ hour: 1, day: 1 }]);
     });
 
     it('admits exactly the limit under concurrent requests', async () => {
-      const results = await Promise.all(Array.from({ length: 200 }, () => store.consume(req({ hourLimit: 50, dayLimit: 60 }))));
+      const results = await Promise.all(
+        Array.from({ length: 200 }, () => store.consume(req({ hourLimit: 50, dayLimit: 60 }))),
+      );
       expect(results.filter((r) => r.allowed)).toHaveLength(50);
-      expect(await store.usage(keyHash, [{ counterId: 'row', hourStart: H, dayStart: D }])).toEqual([{ hour: 50, day: 50 }]);
+      expect(await store.usage(keyHash, [{ counterId: 'row', hourStart: H, dayStart: D }])).toEqual([
+        { hour: 50, day: 50 },
+      ]);
     });
   });
 }

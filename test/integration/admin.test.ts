@@ -27,7 +27,12 @@ afterAll(async () => {
 });
 
 const admin = (path: string, init: { method?: string; headers?: Record<string, string>; body?: string } = {}) =>
-  send(gw.adminUrl, { path, method: init.method ?? 'GET', headers: init.headers ?? authHeader(), ...(init.body ? { body: init.body } : {}) });
+  send(gw.adminUrl, {
+    path,
+    method: init.method ?? 'GET',
+    headers: init.headers ?? authHeader(),
+    ...(init.body ? { body: init.body } : {}),
+  });
 
 describe('health and readiness', () => {
   it('answer without a token', async () => {
@@ -50,7 +55,11 @@ describe('health and readiness', () => {
 
 describe('/admin/* authentication', () => {
   it('answers 401 in two-field JSON without a token or with a wrong one', async () => {
-    const attempts: Array<Record<string, string>> = [{}, { Authorization: 'Bearer wrong-token-0123456789' }, { Authorization: `Basic ${ADMIN_TOKEN}` }];
+    const attempts: Array<Record<string, string>> = [
+      {},
+      { Authorization: 'Bearer wrong-token-0123456789' },
+      { Authorization: `Basic ${ADMIN_TOKEN}` },
+    ];
     for (const headers of attempts) {
       const reply = await admin('/admin/limits', { headers });
       expect(reply.status).toBe(401);
@@ -71,7 +80,10 @@ describe('/admin/* authentication', () => {
       for (const path of ['/admin/limits', '/admin/usage/x', '/admin/keys']) {
         const reply = await send(locked.adminUrl, { path, headers: authHeader() });
         expect(reply.status).toBe(403);
-        expect(expectTwoFields(reply)).toEqual({ error: 'Forbidden', message: 'The admin API is disabled: ADMIN_TOKEN is not set' });
+        expect(expectTwoFields(reply)).toEqual({
+          error: 'Forbidden',
+          message: 'The admin API is disabled: ADMIN_TOKEN is not set',
+        });
       }
       expect((await send(locked.adminUrl, { path: '/healthz' })).status).toBe(200);
     } finally {
@@ -88,8 +100,20 @@ describe('GET /admin/limits', () => {
     expect(body).toMatchObject({ file: gw.limitsPath, timezone: 'UTC' });
     expect(body.hash).toMatch(/^sha256:[0-9a-f]{64}$/);
     expect(new Date(body.loadedAt as string).toISOString()).toBe(body.loadedAt);
-    expect((body.limits as unknown[])[0]).toEqual({ name: 'Authentication', route: 'POST /auth/token', also: ['POST /oapi/auth/gen-secret-key/underlying'], per_hour: 60, per_day: 500 });
-    expect((body.limits as unknown[])[2]).toEqual({ name: 'Trial Quote', route: 'GET /marketdata/quote/{symbol}', per_hour: 2, per_day: 100, shadow: true });
+    expect((body.limits as unknown[])[0]).toEqual({
+      name: 'Authentication',
+      route: 'POST /auth/token',
+      also: ['POST /oapi/auth/gen-secret-key/underlying'],
+      per_hour: 60,
+      per_day: 500,
+    });
+    expect((body.limits as unknown[])[2]).toEqual({
+      name: 'Trial Quote',
+      route: 'GET /marketdata/quote/{symbol}',
+      per_hour: 2,
+      per_day: 100,
+      shadow: true,
+    });
   });
 });
 
@@ -100,7 +124,11 @@ describe('/admin/usage/{apiKey}', () => {
     const reply = await admin(`/admin/usage/${key}`);
     expect(reply.status).toBe(200);
     const { endpoints } = reply.json<{ endpoints: Array<Record<string, unknown>> }>();
-    expect(endpoints.map((e) => e.route)).toEqual(['POST /auth/token', 'GET /orders/{id}', 'GET /marketdata/quote/{symbol}']);
+    expect(endpoints.map((e) => e.route)).toEqual([
+      'POST /auth/token',
+      'GET /orders/{id}',
+      'GET /marketdata/quote/{symbol}',
+    ]);
     const orders = endpoints[1] as { name: string; hour: Record<string, number>; day: Record<string, number> };
     expect(Object.keys(orders)).toEqual(['name', 'route', 'hour', 'day']);
     expect(orders.name).toBe('Order Status');
@@ -108,7 +136,9 @@ describe('/admin/usage/{apiKey}', () => {
     expect(orders.day).toMatchObject({ limit: 6, used: 3, remaining: 3 });
     expect(Object.keys(orders.hour)).toEqual(['limit', 'used', 'remaining', 'resetSeconds']);
     const now = Date.now();
-    expect(Math.abs(orders.hour.resetSeconds! - Math.ceil((Math.ceil(now / 3_600_000) * 3_600_000 - now) / 1000))).toBeLessThanOrEqual(2);
+    expect(
+      Math.abs(orders.hour.resetSeconds! - Math.ceil((Math.ceil(now / 3_600_000) * 3_600_000 - now) / 1000)),
+    ).toBeLessThanOrEqual(2);
   });
 
   it('DELETE resets the key on every row, at once on the instance that had it spent', async () => {
@@ -158,28 +188,41 @@ describe('shadow rows', () => {
   it('are counted and reported in headers, usage and metrics, and never refused', async () => {
     const key = `shadow-${Date.now()}`;
     const replies = [];
-    for (let i = 0; i < 5; i++) replies.push(await send(gw.url, { path: '/marketdata/quote/VNM', headers: { 'X-API-Key': key } }));
+    for (let i = 0; i < 5; i++)
+      replies.push(await send(gw.url, { path: '/marketdata/quote/VNM', headers: { 'X-API-Key': key } }));
     expect(replies.map((r) => r.status)).toEqual([200, 200, 200, 200, 200]);
     expect(replies.map((r) => r.headers['x-ratelimit-remaining-hour'])).toEqual(['1', '0', '0', '0', '0']);
-    const usage = (await admin(`/admin/usage/${key}`)).json<{ endpoints: Array<{ route: string; hour: { used: number; remaining: number } }> }>();
+    const usage = (await admin(`/admin/usage/${key}`)).json<{
+      endpoints: Array<{ route: string; hour: { used: number; remaining: number } }>;
+    }>();
     expect(usage.endpoints[2]?.hour).toMatchObject({ used: 5, remaining: 0 });
     const metrics = (await admin('/metrics', { headers: {} })).text;
-    const shadowRefusals = /^oapi_gateway_refusals_total\{endpoint="GET \/marketdata\/quote\/\{symbol\}",window="hour",shadow="true"\} (\d+)$/m.exec(metrics);
+    const shadowRefusals =
+      /^oapi_gateway_refusals_total\{endpoint="GET \/marketdata\/quote\/\{symbol\}",window="hour",shadow="true"\} (\d+)$/m.exec(
+        metrics,
+      );
     expect(Number(shadowRefusals?.[1])).toBeGreaterThanOrEqual(3);
-    expect(metrics).not.toMatch(/oapi_gateway_refusals_total\{endpoint="GET \/marketdata\/quote\/\{symbol\}",window="hour",shadow="false"\}/);
+    expect(metrics).not.toMatch(
+      /oapi_gateway_refusals_total\{endpoint="GET \/marketdata\/quote\/\{symbol\}",window="hour",shadow="false"\}/,
+    );
   });
 });
 
 describe('metrics', () => {
   it('count requests, refusals, near-limit answers, latencies and the table, with bounded labels', async () => {
     const key = `metrics-${Date.now()}`;
-    for (let i = 0; i < 5; i++) await send(gw.url, { path: `/orders/${i}-${Math.random()}`, headers: { 'X-API-Key': key } });
+    for (let i = 0; i < 5; i++)
+      await send(gw.url, { path: `/orders/${i}-${Math.random()}`, headers: { 'X-API-Key': key } });
     await send(gw.url, { path: '/not/a/route', headers: { 'X-API-Key': key } });
     const text = (await admin('/metrics', { headers: {} })).text;
-    expect(text).toMatch(/^oapi_gateway_refusals_total\{endpoint="GET \/orders\/\{id\}",window="hour",shadow="false"\} [1-9]\d*$/m);
+    expect(text).toMatch(
+      /^oapi_gateway_refusals_total\{endpoint="GET \/orders\/\{id\}",window="hour",shadow="false"\} [1-9]\d*$/m,
+    );
     expect(text).toMatch(/^oapi_gateway_near_limit_total\{endpoint="GET \/orders\/\{id\}",window="hour"\} [1-9]\d*$/m);
     expect(text).toMatch(/^oapi_gateway_requests_total\{endpoint="unmatched",status="404"\} [1-9]\d*$/m);
-    expect(text).toMatch(/^oapi_gateway_request_duration_seconds_bucket\{le="[0-9.]+",endpoint="GET \/orders\/\{id\}"\} \d+$/m);
+    expect(text).toMatch(
+      /^oapi_gateway_request_duration_seconds_bucket\{le="[0-9.]+",endpoint="GET \/orders\/\{id\}"\} \d+$/m,
+    );
     expect(text).toMatch(/^oapi_gateway_upstream_duration_seconds_count\{bridge="eqt"\} [1-9]\d*$/m);
     expect(text).toMatch(/^oapi_gateway_limits_rows 3$/m);
     expect(text).toMatch(/^oapi_gateway_limits_reloads_total\{result="ok"\} 1$/m);

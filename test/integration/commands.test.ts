@@ -17,13 +17,20 @@ afterEach(() => {
   for (const child of children.splice(0)) child.kill('SIGKILL');
 });
 
-async function start(env: Record<string, string>, cwd = ROOT): Promise<{ code: number | null; stderr: string; stdout: string }> {
-  const child = spawn(process.execPath, [join(ROOT, 'dist/main.js')], { cwd, env: { PATH: process.env.PATH, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+async function start(
+  env: Record<string, string>,
+  cwd = ROOT,
+): Promise<{ code: number | null; stderr: string; stdout: string }> {
+  const child = spawn(process.execPath, [join(ROOT, 'dist/main.js')], {
+    cwd,
+    env: { PATH: process.env.PATH, ...env },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   children.push(child);
   let stdout = '';
   let stderr = '';
-  child.stdout.on('data', (c: Buffer) => (stdout += c));
-  child.stderr.on('data', (c: Buffer) => (stderr += c));
+  child.stdout.on('data', (c: Buffer) => (stdout += c.toString()));
+  child.stderr.on('data', (c: Buffer) => (stderr += c.toString()));
   const code = await new Promise<number | null>((resolve) => {
     const timer = setTimeout(() => resolve(null), 8000);
     child.once('exit', (c) => {
@@ -38,11 +45,17 @@ describe('npm start', () => {
   it('exits 1 with one line naming a missing bridge URL', async () => {
     const result = await start({});
     expect(result.code).toBe(1);
-    expect(result.stderr).toBe('oapi-gateway: EQT_BRIDGE_URL is not set: the base URL of the eqt bridge is required, e.g. http://127.0.0.1:7001\n');
+    expect(result.stderr).toBe(
+      'oapi-gateway: EQT_BRIDGE_URL is not set: the base URL of the eqt bridge is required, e.g. http://127.0.0.1:7001\n',
+    );
   });
 
   it('exits 1 with one line naming a bad value', async () => {
-    const result = await start({ EQT_BRIDGE_URL: 'http://127.0.0.1:1', FNO_BRIDGE_URL: 'http://127.0.0.1:2', PORT: '70000' });
+    const result = await start({
+      EQT_BRIDGE_URL: 'http://127.0.0.1:1',
+      FNO_BRIDGE_URL: 'http://127.0.0.1:2',
+      PORT: '70000',
+    });
     expect(result.code).toBe(1);
     expect(result.stderr).toBe('oapi-gateway: PORT=70000: must be a port number (0-65535)\n');
   });
@@ -50,24 +63,41 @@ describe('npm start', () => {
   it('exits 1 with every error of an invalid limit table', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'oapi-start-'));
     writeFileSync(join(dir, 'limits.yaml'), 'limits:\n  - {name: A, route: "GET /a", per_hour: 0, per_day: 1}\n');
-    const result = await start({ EQT_BRIDGE_URL: 'http://127.0.0.1:1', FNO_BRIDGE_URL: 'http://127.0.0.1:2', PORT: '0', ADMIN_PORT: '0' }, dir);
+    const result = await start(
+      { EQT_BRIDGE_URL: 'http://127.0.0.1:1', FNO_BRIDGE_URL: 'http://127.0.0.1:2', PORT: '0', ADMIN_PORT: '0' },
+      dir,
+    );
     expect(result.code).toBe(1);
-    expect(result.stderr).toBe('oapi-gateway: the gateway cannot start:\nlimits.yaml:2:42: row 1 (A): per_hour must be a positive integer, got 0\n');
+    expect(result.stderr).toBe(
+      'oapi-gateway: the gateway cannot start:\nlimits.yaml:2:42: row 1 (A): per_hour must be a positive integer, got 0\n',
+    );
   });
 
   it('serves without REDIS_URL, warning that in-memory counters suit one instance only, and stops cleanly on SIGTERM', async () => {
     const port = await freePort();
     const child = spawn(process.execPath, [join(ROOT, 'dist/main.js')], {
       cwd: ROOT,
-      env: { PATH: process.env.PATH, EQT_BRIDGE_URL: 'http://127.0.0.1:1', FNO_BRIDGE_URL: 'http://127.0.0.1:2', PORT: String(port), HOST: '127.0.0.1', ADMIN_PORT: '0', API_KEY_MODE: 'any' },
+      env: {
+        PATH: process.env.PATH,
+        EQT_BRIDGE_URL: 'http://127.0.0.1:1',
+        FNO_BRIDGE_URL: 'http://127.0.0.1:2',
+        PORT: String(port),
+        HOST: '127.0.0.1',
+        ADMIN_PORT: '0',
+        API_KEY_MODE: 'any',
+      },
       stdio: ['ignore', 'pipe', 'pipe'],
     });
     children.push(child);
     let out = '';
-    child.stdout.on('data', (c: Buffer) => (out += c));
+    child.stdout.on('data', (c: Buffer) => (out += c.toString()));
     const deadline = Date.now() + 8000;
     while (!out.includes('gateway listening') && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
-    const warning = out.split('\n').filter(Boolean).map((l) => JSON.parse(l) as { level: string; msg: string }).find((l) => l.level === 'warn');
+    const warning = out
+      .split('\n')
+      .filter(Boolean)
+      .map((l) => JSON.parse(l) as { level: string; msg: string })
+      .find((l) => l.level === 'warn');
     expect(warning?.msg).toBe('REDIS_URL is not set: counters live in this process, which suits one instance only');
     const reply = await fetch(`http://127.0.0.1:${port}/orders/1`, { headers: { 'X-API-Key': 'k' } });
     expect(reply.status).toBe(502);
@@ -100,7 +130,9 @@ describe('npx oapi-gateway', () => {
   });
 
   it('check accepts the shipped example key file', async () => {
-    const { stdout } = await run(BIN, ['check', 'limits.yaml', '--keys', 'config/api-keys.example.yaml'], { cwd: ROOT });
+    const { stdout } = await run(BIN, ['check', 'limits.yaml', '--keys', 'config/api-keys.example.yaml'], {
+      cwd: ROOT,
+    });
     expect(stdout).toContain('config/api-keys.example.yaml: 1 key, valid');
   });
 
@@ -110,8 +142,13 @@ describe('npx oapi-gateway', () => {
     writeFileSync(keys, `keys:\n  - id: acme\n    sha256: ${'a'.repeat(64)}\n    plan: premium\n`);
     const ok = await run(BIN, ['check', 'limits.yaml', '--keys', keys], { cwd: ROOT });
     expect(ok.stdout).toContain(`${keys}: 1 key, valid`);
-    writeFileSync(keys, `keys:\n  - id: acme\n    sha256: ${'a'.repeat(64)}\n    plan: gold\n  - id: acme\n    sha256: xyz\n`);
-    const error = await run(BIN, ['check', 'limits.yaml', '--keys', keys], { cwd: ROOT }).catch((e: { code: number; stderr: string }) => e);
+    writeFileSync(
+      keys,
+      `keys:\n  - id: acme\n    sha256: ${'a'.repeat(64)}\n    plan: gold\n  - id: acme\n    sha256: xyz\n`,
+    );
+    const error = await run(BIN, ['check', 'limits.yaml', '--keys', keys], { cwd: ROOT }).catch(
+      (e: { code: number; stderr: string }) => e,
+    );
     expect((error as { code: number }).code).toBe(1);
     expect((error as { stderr: string }).stderr).toBe(
       `${keys}:4:11: row 1 (acme): unknown plan "gold" (plans of limits.yaml: premium, market-maker)\n` +
@@ -131,13 +168,20 @@ describe('npm run sandbox', () => {
   it('prints curl commands that work as pasted', async () => {
     const port = await freePort();
     const adminPort = await freePort();
-    const child = spawn(process.execPath, [join(ROOT, 'dist/sandbox/main.js')], { cwd: ROOT, env: { PATH: process.env.PATH, PORT: String(port), ADMIN_PORT: String(adminPort) }, stdio: ['ignore', 'pipe', 'pipe'] });
+    const child = spawn(process.execPath, [join(ROOT, 'dist/sandbox/main.js')], {
+      cwd: ROOT,
+      env: { PATH: process.env.PATH, PORT: String(port), ADMIN_PORT: String(adminPort) },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
     children.push(child);
     let out = '';
-    child.stdout.on('data', (c: Buffer) => (out += c));
+    child.stdout.on('data', (c: Buffer) => (out += c.toString()));
     const deadline = Date.now() + 10_000;
     while (!out.includes('Ctrl-C stops it.') && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
-    const curls = out.split('\n').map((l) => l.trim()).filter((l) => l.startsWith('curl '));
+    const curls = out
+      .split('\n')
+      .map((l) => l.trim())
+      .filter((l) => l.startsWith('curl '));
     expect(curls).toHaveLength(4);
 
     const sh = async (command: string): Promise<string> => (await run('bash', ['-c', command])).stdout;
@@ -145,15 +189,25 @@ describe('npm run sandbox', () => {
     expect(login).toMatch(/^HTTP\/1\.1 200 OK/);
     expect(login).toContain('X-RateLimit-Remaining-Hour: 59');
     const tokens = JSON.parse(login.split('\r\n\r\n')[1] as string) as Record<string, unknown>;
-    expect(Object.keys(tokens).sort()).toEqual(['access_token', 'expires_in', 'otp_token', 'refresh_token', 'token_type']);
+    expect(Object.keys(tokens).sort()).toEqual([
+      'access_token',
+      'expires_in',
+      'otp_token',
+      'refresh_token',
+      'token_type',
+    ]);
     expect(tokens.token_type).toBe('Bearer');
 
     const wrong = await sh(curls[1] as string);
     expect(wrong).toMatch(/^HTTP\/1\.1 500 /);
-    expect(wrong.split('\r\n\r\n')[1]).toBe('{"code":"OAPI_EQT_500","messageParams":{"error":"server_error","error_description":"-107: Tên đăng nhập hoặc mật khẩu không đúng","s":500},"params":null,"source":"oapi-bridge-eqt","message":null}');
+    expect(wrong.split('\r\n\r\n')[1]).toBe(
+      '{"code":"OAPI_EQT_500","messageParams":{"error":"server_error","error_description":"-107: Tên đăng nhập hoặc mật khẩu không đúng","s":500},"params":null,"source":"oapi-bridge-eqt","message":null}',
+    );
 
     expect(await sh(curls[2] as string)).toMatch(/^HTTP\/1\.1 200 OK/);
-    const usage = JSON.parse(await sh(curls[3] as string)) as { endpoints: Array<{ route: string; hour: { used: number } }> };
+    const usage = JSON.parse(await sh(curls[3] as string)) as {
+      endpoints: Array<{ route: string; hour: { used: number } }>;
+    };
     expect(usage.endpoints.find((e) => e.route === 'POST /auth/token')?.hour.used).toBe(2);
     expect(usage.endpoints.find((e) => e.route === 'GET /orders/{id}')?.hour.used).toBe(1);
   });

@@ -2,7 +2,13 @@ import http from 'node:http';
 import net from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { FakeClock } from '../helpers/clock.js';
-import { authHeader, startGatewayPair, startTestGateway, type GatewayPair, type TestGateway } from '../helpers/gateway.js';
+import {
+  authHeader,
+  startGatewayPair,
+  startTestGateway,
+  type GatewayPair,
+  type TestGateway,
+} from '../helpers/gateway.js';
 import { expectTwoFields, send } from '../helpers/http.js';
 import { refusingPort } from '../helpers/redis.js';
 
@@ -34,25 +40,39 @@ describe('two gateway instances on one Redis', () => {
     const key = `pair-${Date.now()}`;
     const agent = new http.Agent({ keepAlive: true, maxSockets: 100 });
     const replies = await Promise.all(
-      Array.from({ length: 400 }, (_, i) => send(i % 2 ? a.url : b.url, { path: '/orders', headers: { 'X-API-Key': key }, agent })),
+      Array.from({ length: 400 }, (_, i) =>
+        send(i % 2 ? a.url : b.url, { path: '/orders', headers: { 'X-API-Key': key }, agent }),
+      ),
     );
     agent.destroy();
     const statuses = replies.map((r) => r.status);
     expect(statuses.filter((s) => s === 200)).toHaveLength(50);
     expect(statuses.filter((s) => s === 429)).toHaveLength(350);
-    for (const reply of replies.filter((r) => r.status === 429)) expect(reply.text).toBe('{"error":"Rate Limit Exceeded","message":"Too Many Requests"}');
+    for (const reply of replies.filter((r) => r.status === 429))
+      expect(reply.text).toBe('{"error":"Rate Limit Exceeded","message":"Too Many Requests"}');
     // Every admitted request saw its own count: remaining values 49..0 each exactly once.
-    const remaining = replies.filter((r) => r.status === 200).map((r) => Number(r.headers['x-ratelimit-remaining-hour'])).sort((x, y) => x - y);
+    const remaining = replies
+      .filter((r) => r.status === 200)
+      .map((r) => Number(r.headers['x-ratelimit-remaining-hour']))
+      .sort((x, y) => x - y);
     expect(remaining).toEqual(Array.from({ length: 50 }, (_, i) => i));
     const usage = await send(a.adminUrl, { path: `/admin/usage/${key}`, headers: authHeader() });
-    expect(usage.json<{ endpoints: Array<{ route: string; hour: { used: number }; day: { used: number } }> }>().endpoints[0]).toMatchObject({ route: 'GET /orders', hour: { used: 50 }, day: { used: 50 } });
+    expect(
+      usage.json<{ endpoints: Array<{ route: string; hour: { used: number }; day: { used: number } }> }>().endpoints[0],
+    ).toMatchObject({ route: 'GET /orders', hour: { used: 50 }, day: { used: 50 } });
   });
 
   it('keep many keys exact at once', async () => {
     const keys = Array.from({ length: 20 }, (_, i) => `many-${Date.now()}-${i}`);
     const agent = new http.Agent({ keepAlive: true, maxSockets: 100 });
     const replies = await Promise.all(
-      keys.flatMap((key, k) => Array.from({ length: 25 }, (_, i) => send((i + k) % 2 ? a.url : b.url, { path: `/orders/${i}`, headers: { 'X-API-Key': key }, agent }).then((r) => ({ key, status: r.status })))),
+      keys.flatMap((key, k) =>
+        Array.from({ length: 25 }, (_, i) =>
+          send((i + k) % 2 ? a.url : b.url, { path: `/orders/${i}`, headers: { 'X-API-Key': key }, agent }).then(
+            (r) => ({ key, status: r.status }),
+          ),
+        ),
+      ),
     );
     agent.destroy();
     for (const key of keys) expect(replies.filter((r) => r.key === key && r.status === 200)).toHaveLength(10);
@@ -60,7 +80,8 @@ describe('two gateway instances on one Redis', () => {
 
   it('refuse, on the second instance, a key the first one spent', async () => {
     const key = `spent-${Date.now()}`;
-    for (let i = 0; i < 3; i++) expect((await send(a.url, { path: '/symbols', headers: { 'X-API-Key': key } })).status).toBe(200);
+    for (let i = 0; i < 3; i++)
+      expect((await send(a.url, { path: '/symbols', headers: { 'X-API-Key': key } })).status).toBe(200);
     expect((await send(b.url, { path: '/symbols', headers: { 'X-API-Key': key } })).status).toBe(429);
     expect((await send(a.url, { path: '/symbols', headers: { 'X-API-Key': key } })).status).toBe(429);
   });
@@ -123,13 +144,23 @@ describe('bridges that fail', () => {
 
   beforeAll(async () => {
     const closedPort = await refusingPort();
-    unreachable = await startTestGateway({ limits: LIMITS, env: { EQT_BRIDGE_URL: `http://127.0.0.1:${closedPort}`, LOG_LEVEL: 'warn' } });
+    unreachable = await startTestGateway({
+      limits: LIMITS,
+      env: { EQT_BRIDGE_URL: `http://127.0.0.1:${closedPort}`, LOG_LEVEL: 'warn' },
+    });
     silentServer = net.createServer((socket) => {
       held.push(socket);
       socket.on('error', () => {});
     });
     await new Promise<void>((r) => silentServer.listen(0, '127.0.0.1', r));
-    silent = await startTestGateway({ limits: LIMITS, env: { EQT_BRIDGE_URL: `http://127.0.0.1:${(silentServer.address() as net.AddressInfo).port}`, UPSTREAM_TIMEOUT_MS: '300', LOG_LEVEL: 'warn' } });
+    silent = await startTestGateway({
+      limits: LIMITS,
+      env: {
+        EQT_BRIDGE_URL: `http://127.0.0.1:${(silentServer.address() as net.AddressInfo).port}`,
+        UPSTREAM_TIMEOUT_MS: '300',
+        LOG_LEVEL: 'warn',
+      },
+    });
   });
   afterAll(async () => {
     for (const s of held) s.destroy();
@@ -155,7 +186,12 @@ describe('bridges that fail', () => {
     expect(Date.now() - started).toBeGreaterThanOrEqual(250);
     expect(reply.headers['x-ratelimit-remaining-hour']).toBe('9');
     // The fno bridge still works through the same gateway.
-    const other = await send(silent.url, { method: 'POST', path: '/oapi/auth/gen-secret-key/derivative', headers: { 'X-API-Key': 'k504', 'Content-Type': 'application/json' }, body: '{"username":"demo","password":"demo-password"}' });
+    const other = await send(silent.url, {
+      method: 'POST',
+      path: '/oapi/auth/gen-secret-key/derivative',
+      headers: { 'X-API-Key': 'k504', 'Content-Type': 'application/json' },
+      body: '{"username":"demo","password":"demo-password"}',
+    });
     expect(other.status).toBe(200);
   });
 });

@@ -29,7 +29,14 @@ limits:
 `;
 
 const UPSTREAM_TIMEOUT_MS = 300;
-const USAGE_HEADERS = ['x-ratelimit-limit-hour', 'x-ratelimit-remaining-hour', 'x-ratelimit-limit-day', 'x-ratelimit-remaining-day', 'ratelimit-policy', 'ratelimit'];
+const USAGE_HEADERS = [
+  'x-ratelimit-limit-hour',
+  'x-ratelimit-remaining-hour',
+  'x-ratelimit-limit-day',
+  'x-ratelimit-remaining-day',
+  'ratelimit-policy',
+  'ratelimit',
+];
 
 let bridge: FaultyBridge;
 let fnoPort: number;
@@ -43,7 +50,12 @@ beforeAll(async () => {
   fnoPort = await refusingPort(); // nothing listens there (yet): connections are refused
   gw = await startTestGateway({
     limits: LIMITS,
-    env: { EQT_BRIDGE_URL: bridge.url, FNO_BRIDGE_URL: `http://127.0.0.1:${fnoPort}`, UPSTREAM_TIMEOUT_MS: String(UPSTREAM_TIMEOUT_MS), LOG_LEVEL: 'warn' },
+    env: {
+      EQT_BRIDGE_URL: bridge.url,
+      FNO_BRIDGE_URL: `http://127.0.0.1:${fnoPort}`,
+      UPSTREAM_TIMEOUT_MS: String(UPSTREAM_TIMEOUT_MS),
+      LOG_LEVEL: 'warn',
+    },
   });
 });
 afterAll(async () => {
@@ -52,7 +64,8 @@ afterAll(async () => {
   await bridge?.close();
 });
 
-const order = (mode: string, key: string) => attempt(gw.url, { path: `/orders/${mode}`, headers: { 'X-API-Key': key }, agent: false, timeoutMs: 5000 });
+const order = (mode: string, key: string) =>
+  attempt(gw.url, { path: `/orders/${mode}`, headers: { 'X-API-Key': key }, agent: false, timeoutMs: 5000 });
 
 function expectGatewayAnswer(reply: Reply | undefined, status: number, error: string): void {
   expect(reply?.status).toBe(status);
@@ -75,7 +88,11 @@ async function expectServingAndCounted(key: string, sent: number): Promise<void>
 
 async function expectBridgeSocketsClosed(mode: string): Promise<void> {
   expect(bridge.connectionsFor(mode).length).toBeGreaterThan(0);
-  await waitFor(`every bridge socket that carried /orders/${mode} to be closed`, () => bridge.connectionsFor(mode).every((c) => c.closed), 2000);
+  await waitFor(
+    `every bridge socket that carried /orders/${mode} to be closed`,
+    () => bridge.connectionsFor(mode).every((c) => c.closed),
+    2000,
+  );
 }
 
 describe('a bridge that refuses connections', () => {
@@ -97,7 +114,13 @@ describe('a bridge that refuses connections', () => {
     fno = await startSandboxBridge('fno', { port: fnoPort });
     const next = await login();
     expect(next.reply?.status).toBe(200);
-    expect(Object.keys(next.reply?.json<object>() ?? {}).sort()).toEqual(['access_token', 'expires_in', 'otp_token', 'refresh_token', 'token_type']);
+    expect(Object.keys(next.reply?.json<object>() ?? {}).sort()).toEqual([
+      'access_token',
+      'expires_in',
+      'otp_token',
+      'refresh_token',
+      'token_type',
+    ]);
     expect((await usageOfRow(gw, key, 'POST /auth/token')).hour.used).toBe(2);
   });
 });
@@ -201,16 +224,35 @@ describe('many failing exchanges at once', () => {
 });
 
 /** A POST whose body the client sends in `chunks` pieces, `gapMs` apart (`stallAfter`: stops sending after that many). */
-function slowUpload(path: string, key: string, chunks: number, gapMs: number, stallAfter = chunks, to: TestGateway = gw): Promise<{ status: number; text: string; ms: number }> {
+function slowUpload(
+  path: string,
+  key: string,
+  chunks: number,
+  gapMs: number,
+  stallAfter = chunks,
+  to: TestGateway = gw,
+): Promise<{ status: number; text: string; ms: number }> {
   const piece = 'x'.repeat(500);
   const t0 = performance.now();
   return new Promise((resolve, reject) => {
-    const req = http.request(`${to.url}${path}`, { method: 'POST', agent: false, headers: { 'X-API-Key': key, 'Content-Type': 'application/octet-stream', 'Content-Length': String(piece.length * chunks) } }, (res) => {
-      let text = '';
-      res.setEncoding('utf8');
-      res.on('data', (c: string) => (text += c));
-      res.on('end', () => resolve({ status: res.statusCode ?? 0, text, ms: performance.now() - t0 }));
-    });
+    const req = http.request(
+      `${to.url}${path}`,
+      {
+        method: 'POST',
+        agent: false,
+        headers: {
+          'X-API-Key': key,
+          'Content-Type': 'application/octet-stream',
+          'Content-Length': String(piece.length * chunks),
+        },
+      },
+      (res) => {
+        let text = '';
+        res.setEncoding('utf8');
+        res.on('data', (c: string) => (text += c));
+        res.on('end', () => resolve({ status: res.statusCode ?? 0, text, ms: performance.now() - t0 }));
+      },
+    );
     req.on('error', reject);
     let sent = 0;
     const next = (): void => {
@@ -249,7 +291,14 @@ describe('a client that stops sending its body, and a bridge that stops reading 
   beforeAll(async () => {
     strict = await startTestGateway({
       limits: LIMITS,
-      env: { EQT_BRIDGE_URL: bridge.url, FNO_BRIDGE_URL: bridge.url, UPSTREAM_TIMEOUT_MS: String(UPSTREAM_TIMEOUT_MS), REQUEST_TIMEOUT_MS: '1000', MAX_BODY_BYTES: String(BIG_BODY_BYTES), LOG_LEVEL: 'warn' },
+      env: {
+        EQT_BRIDGE_URL: bridge.url,
+        FNO_BRIDGE_URL: bridge.url,
+        UPSTREAM_TIMEOUT_MS: String(UPSTREAM_TIMEOUT_MS),
+        REQUEST_TIMEOUT_MS: '1000',
+        MAX_BODY_BYTES: String(BIG_BODY_BYTES),
+        LOG_LEVEL: 'warn',
+      },
     });
   });
   afterAll(async () => {
@@ -274,10 +323,17 @@ describe('a client that stops sending its body, and a bridge that stops reading 
     let received = '';
     socket.on('data', (chunk: string) => (received += chunk));
     try {
-      socket.write(`POST /orders/half HTTP/1.1\r\nHost: x\r\nX-API-Key: ${newKey()}\r\nContent-Length: 1000\r\n\r\n${'x'.repeat(10)}`);
+      socket.write(
+        `POST /orders/half HTTP/1.1\r\nHost: x\r\nX-API-Key: ${newKey()}\r\nContent-Length: 1000\r\n\r\n${'x'.repeat(10)}`,
+      );
       await waitFor('the 408', () => received.startsWith('HTTP/1.1 408 '), 3000);
-      const carrier = () => [...reused, ...bridge.connections.slice(before)].filter((c) => c.paths.at(-1) === '/orders/half');
-      await waitFor('the bridge connection of the stalled request to close', () => carrier().length === 1 && carrier().every((c) => c.closed), 4000);
+      const carrier = () =>
+        [...reused, ...bridge.connections.slice(before)].filter((c) => c.paths.at(-1) === '/orders/half');
+      await waitFor(
+        'the bridge connection of the stalled request to close',
+        () => carrier().length === 1 && carrier().every((c) => c.closed),
+        4000,
+      );
     } finally {
       socket.destroy();
     }
@@ -286,12 +342,16 @@ describe('a client that stops sending its body, and a bridge that stops reading 
   it('gets a bridge that stops reading the body its 504 after UPSTREAM_TIMEOUT_MS without progress', async () => {
     const t0 = performance.now();
     const reply = await new Promise<{ status: number; text: string }>((resolve, reject) => {
-      const req = http.request(`${strict.url}/orders/noread`, { method: 'POST', agent: false, headers: { 'X-API-Key': newKey(), 'Content-Length': String(BIG_BODY_BYTES) } }, (res) => {
-        let text = '';
-        res.setEncoding('utf8');
-        res.on('data', (c: string) => (text += c));
-        res.on('end', () => resolve({ status: res.statusCode ?? 0, text }));
-      });
+      const req = http.request(
+        `${strict.url}/orders/noread`,
+        { method: 'POST', agent: false, headers: { 'X-API-Key': newKey(), 'Content-Length': String(BIG_BODY_BYTES) } },
+        (res) => {
+          let text = '';
+          res.setEncoding('utf8');
+          res.on('data', (c: string) => (text += c));
+          res.on('end', () => resolve({ status: res.statusCode ?? 0, text }));
+        },
+      );
       req.on('error', reject);
       req.end(Buffer.alloc(BIG_BODY_BYTES, 120));
     });

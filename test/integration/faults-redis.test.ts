@@ -25,7 +25,14 @@ limits:
 const TOO_MANY = '{"error":"Rate Limit Exceeded","message":"Too Many Requests"}';
 /** "Well under 1 s": the command timeout is 200 ms and a dead Redis must fail at once. */
 const FAST_MS = 600;
-const USAGE_HEADERS = ['x-ratelimit-limit-hour', 'x-ratelimit-remaining-hour', 'x-ratelimit-limit-day', 'x-ratelimit-remaining-day', 'ratelimit-policy', 'ratelimit'];
+const USAGE_HEADERS = [
+  'x-ratelimit-limit-hour',
+  'x-ratelimit-remaining-hour',
+  'x-ratelimit-limit-day',
+  'x-ratelimit-remaining-day',
+  'ratelimit-policy',
+  'ratelimit',
+];
 
 let n = 0;
 const newKey = (label: string): string => `${label}-${Date.now()}-${++n}`;
@@ -33,7 +40,9 @@ const newId = (label: string): string => `${label}-${Date.now()}-${++n}`;
 
 async function get(gw: TestGateway, path: string, key: string): Promise<{ reply: Reply; ms: number; id: string }> {
   const id = newId('rq');
-  const { value, ms } = await timed(() => send(gw.url, { path, headers: { 'X-API-Key': key, 'X-Request-Id': id }, agent: false, timeoutMs: 5000 }));
+  const { value, ms } = await timed(() =>
+    send(gw.url, { path, headers: { 'X-API-Key': key, 'X-Request-Id': id }, agent: false, timeoutMs: 5000 }),
+  );
   return { reply: value, ms, id };
 }
 
@@ -44,7 +53,11 @@ async function counterOf(gw: TestGateway, id: string): Promise<unknown> {
 }
 
 function startGw(redis: RedisProcess, mode: string | undefined): Promise<TestGateway> {
-  return startTestGateway({ limits: LIMITS, redis: redis.url, env: { REDIS_FAILURE_MODE: mode, REDIS_TIMEOUT_MS: '200', LOG_LEVEL: 'info' } });
+  return startTestGateway({
+    limits: LIMITS,
+    redis: redis.url,
+    env: { REDIS_FAILURE_MODE: mode, REDIS_TIMEOUT_MS: '200', LOG_LEVEL: 'info' },
+  });
 }
 
 /** `CLIENT PAUSE <ms> ALL` from a client of the test's own: every other client's commands wait. */
@@ -107,13 +120,20 @@ describe('REDIS_FAILURE_MODE=insurance (the default)', () => {
     expect(String(ready.body.reason).length).toBeGreaterThan(0);
     expect(Object.keys(ready.body).sort()).toEqual(['reason', 'status']);
 
-    expect((await metricValue(gw, 'oapi_gateway_store_fallbacks_total', { mode: 'insurance' })) - fallbacksBefore).toBe(5);
+    expect((await metricValue(gw, 'oapi_gateway_store_fallbacks_total', { mode: 'insurance' })) - fallbacksBefore).toBe(
+      5,
+    );
     expect(await metricValue(gw, 'oapi_gateway_store_errors_total', { kind: 'connection' })).toBeGreaterThanOrEqual(1);
 
     await redis.restart();
     await waitReady(gw, 8000);
     // With the connection back, and before any request, the outage's 3 admissions reach Redis.
-    await waitFor('the outage admissions in Redis', async () => (await usageOfRow(gw, key, 'GET /symbols')).day.used === 3, 3000, 50);
+    await waitFor(
+      'the outage admissions in Redis',
+      async () => (await usageOfRow(gw, key, 'GET /symbols')).day.used === 3,
+      3000,
+      50,
+    );
 
     // Back in Redis, nothing lost across the kill: the early key has exactly one unit left.
     const third = await get(gw, '/symbols', early);
@@ -156,8 +176,12 @@ describe('REDIS_FAILURE_MODE=insurance (the default)', () => {
     expect(ready.status).toBe(200);
     expect(ready.body.status).toBe('degraded');
     expect(typeof ready.body.reason).toBe('string');
-    expect((await metricValue(gw, 'oapi_gateway_store_fallbacks_total', { mode: 'insurance' })) - fallbacksBefore).toBe(4);
-    expect((await metricValue(gw, 'oapi_gateway_store_errors_total', { kind: 'timeout' })) - timeoutsBefore).toBeGreaterThanOrEqual(1);
+    expect((await metricValue(gw, 'oapi_gateway_store_fallbacks_total', { mode: 'insurance' })) - fallbacksBefore).toBe(
+      4,
+    );
+    expect(
+      (await metricValue(gw, 'oapi_gateway_store_errors_total', { kind: 'timeout' })) - timeoutsBefore,
+    ).toBeGreaterThanOrEqual(1);
 
     await sleep(Math.max(0, pausedAt + 2100 - Date.now()));
     await waitReady(gw, 5000);
@@ -170,9 +194,16 @@ describe('REDIS_FAILURE_MODE=insurance (the default)', () => {
     const after = await get(gw, '/orders/8', newKey('ins-slow-after'));
     expect(after.reply.status).toBe(200);
     expect(await counterOf(gw, after.id)).toBeUndefined();
-    await waitFor('the insurance units merged', async () => (await usageOfRow(gw, key, 'GET /symbols')).hour.used === 4, 2000, 20);
+    await waitFor(
+      'the insurance units merged',
+      async () => (await usageOfRow(gw, key, 'GET /symbols')).hour.used === 4,
+      2000,
+      20,
+    );
     expect(await usageOfRow(gw, key, 'GET /symbols')).toMatchObject({ hour: { used: 4 }, day: { used: 4 } });
-    expect(await metricValue(gw, 'oapi_gateway_insurance_merged_total', { result: 'ok' })).toBeGreaterThan(mergedBefore);
+    expect(await metricValue(gw, 'oapi_gateway_insurance_merged_total', { result: 'ok' })).toBeGreaterThan(
+      mergedBefore,
+    );
     const refused = await get(gw, '/symbols', key);
     expect(refused.reply.status).toBe(429);
     expect(refused.reply.text).toBe(TOO_MANY);
@@ -214,7 +245,7 @@ describe('REDIS_FAILURE_MODE=open', () => {
     const ready = await readyz(gw);
     expect(ready.status).toBe(200);
     expect(ready.body.status).toBe('degraded');
-    expect(String(ready.body.reason ?? '').length).toBeGreaterThan(0);
+    expect(ready.body.reason).toEqual(expect.stringMatching(/./));
     expect((await metricValue(gw, 'oapi_gateway_store_fallbacks_total', { mode: 'open' })) - fallbacksBefore).toBe(6);
 
     await redis.restart();
@@ -242,7 +273,9 @@ describe('REDIS_FAILURE_MODE=open', () => {
     expect(ready.body.status).toBe('degraded');
     await sleep(Math.max(0, pausedAt + 1600 - Date.now()));
     await waitReady(gw, 5000);
-    expect((await get(gw, '/orders/9', newKey('open-slow-after'))).reply.headers['x-ratelimit-limit-hour']).toBe('100000');
+    expect((await get(gw, '/orders/9', newKey('open-slow-after'))).reply.headers['x-ratelimit-limit-hour']).toBe(
+      '100000',
+    );
   });
 });
 
@@ -278,7 +311,7 @@ describe('REDIS_FAILURE_MODE=closed', () => {
 
     const ready = await readyz(gw);
     expect(ready.status).toBe(503);
-    expect(String(ready.body.reason ?? '').length).toBeGreaterThan(0);
+    expect(ready.body.reason).toEqual(expect.stringMatching(/./));
     expect((await metricValue(gw, 'oapi_gateway_store_fallbacks_total', { mode: 'closed' })) - fallbacksBefore).toBe(3);
 
     await redis.restart();
@@ -319,7 +352,11 @@ describe('a Redis reply lost with its connection (the command ran, the gateway n
   beforeAll(async () => {
     redis = await startRedisServer();
     proxy = await startRedisProxy(redis.port);
-    gw = await startTestGateway({ limits: LIMITS, redis: proxy.url, env: { REDIS_TIMEOUT_MS: '200', LOG_LEVEL: 'info' } });
+    gw = await startTestGateway({
+      limits: LIMITS,
+      redis: proxy.url,
+      env: { REDIS_TIMEOUT_MS: '200', LOG_LEVEL: 'info' },
+    });
   });
   afterAll(async () => {
     await gw?.stop();
@@ -345,7 +382,12 @@ describe('a Redis reply lost with its connection (the command ran, the gateway n
     // One admission was decided by Redis, one by the insurance counters. The doubtful call is
     // taken back and the insurance admission handed over once the connection is back: Redis
     // ends holding 2, each admission once (3 would be the lost call counted as well).
-    await waitFor('the insurance admission in Redis', async () => (await usageOfRow(gw, key, 'GET /symbols')).day.used === 2, 3000, 50);
+    await waitFor(
+      'the insurance admission in Redis',
+      async () => (await usageOfRow(gw, key, 'GET /symbols')).day.used === 2,
+      3000,
+      50,
+    );
     await sleep(300);
     expect(await usageOfRow(gw, key, 'GET /symbols')).toMatchObject({ day: { used: 2 } });
   });
@@ -386,10 +428,28 @@ describe('Redis killed (SIGKILL) and restarted during traffic (insurance mode, p
         const id = `${tag}-${issued++}`;
         const t0 = performance.now();
         try {
-          const r = await send(gw.url, { path: '/orders', headers: { 'X-API-Key': key, 'X-Request-Id': id }, agent, timeoutMs: 5000 });
-          results.push({ id, status: r.status, ms: performance.now() - t0, text: r.text, remaining: r.headers['x-ratelimit-remaining-hour'] as string | undefined });
+          const r = await send(gw.url, {
+            path: '/orders',
+            headers: { 'X-API-Key': key, 'X-Request-Id': id },
+            agent,
+            timeoutMs: 5000,
+          });
+          results.push({
+            id,
+            status: r.status,
+            ms: performance.now() - t0,
+            text: r.text,
+            remaining: r.headers['x-ratelimit-remaining-hour'] as string | undefined,
+          });
         } catch (err) {
-          results.push({ id, status: -1, ms: performance.now() - t0, text: '', remaining: undefined, error: (err as Error).message });
+          results.push({
+            id,
+            status: -1,
+            ms: performance.now() - t0,
+            text: '',
+            remaining: undefined,
+            error: (err as Error).message,
+          });
         }
         await sleep(8);
       }
@@ -397,7 +457,12 @@ describe('Redis killed (SIGKILL) and restarted during traffic (insurance mode, p
     const workers = Array.from({ length: 6 }, () => worker());
     try {
       // Some traffic counted in Redis, then the kill in the middle of it.
-      await waitFor('20 admissions before the kill', () => results.filter((r) => r.status === 200).length >= 20, 10_000, 5);
+      await waitFor(
+        '20 admissions before the kill',
+        () => results.filter((r) => r.status === 200).length >= 20,
+        10_000,
+        5,
+      );
       await redis.kill();
       const killedAt = results.length;
       await waitFor('traffic during the outage', () => results.length >= killedAt + 40, 10_000, 10);
@@ -415,14 +480,15 @@ describe('Redis killed (SIGKILL) and restarted during traffic (insurance mode, p
     // Every answer is a right one: the bridge's answer, or the exact 429. No error, no 5xx.
     expect(results.filter((r) => r.status !== 200 && r.status !== 429)).toEqual([]);
     for (const r of results) {
-      if (r.status === 200) expect(JSON.parse(r.text)).toEqual({ bridge: 'eqt', method: 'GET', path: '/orders', query: '' });
+      if (r.status === 200)
+        expect(JSON.parse(r.text)).toEqual({ bridge: 'eqt', method: 'GET', path: '/orders', query: '' });
       else expect(r.text).toBe(TOO_MANY);
       expect(r.ms).toBeLessThan(1000);
     }
 
     // Where each decision came from, from its access-log line.
     await waitFor('every access-log line', () => results.every((r) => accessLine(gw, r.id) !== undefined), 3000, 20);
-    const source = (r: Result): string => String(accessLine(gw, r.id)?.counter ?? 'store');
+    const source = (r: Result): string => (accessLine(gw, r.id)?.counter as string | undefined) ?? 'store';
     const ok = results.filter((r) => r.status === 200);
     const fromStore = ok.filter((r) => source(r) === 'store');
     const fromInsurance = ok.filter((r) => source(r) === 'insurance');
@@ -442,14 +508,21 @@ describe('Redis killed (SIGKILL) and restarted during traffic (insurance mode, p
     // admissions never reached Redis, and a key could use its whole limit again afterwards.)
     const why = async (): Promise<string> => {
       const usage = await usageOfRow(gw, key, 'GET /orders');
-      return `Redis counted ${usage.hour.used}/${usage.day.used}; admitted ${fromStore.length} by Redis, ${fromInsurance.length} by insurance; store errors during the run: ` +
+      return (
+        `Redis counted ${usage.hour.used}/${usage.day.used}; admitted ${fromStore.length} by Redis, ${fromInsurance.length} by insurance; store errors during the run: ` +
         `timeout ${await metricValue(gw, 'oapi_gateway_store_errors_total', { kind: 'timeout' })}, ` +
         `connection ${await metricValue(gw, 'oapi_gateway_store_errors_total', { kind: 'connection' })}, ` +
         `reply ${await metricValue(gw, 'oapi_gateway_store_errors_total', { kind: 'reply' })}; ` +
-        `merged ok ${await metricValue(gw, 'oapi_gateway_insurance_merged_total', { result: 'ok' })}`;
+        `merged ok ${await metricValue(gw, 'oapi_gateway_insurance_merged_total', { result: 'ok' })}`
+      );
     };
     // (The day count: a run that crosses an hour boundary starts a new hour window.)
-    await waitFor('the outage merged into Redis', async () => (await usageOfRow(gw, key, 'GET /orders')).day.used === ok.length, 3000, 50).catch(async (err: Error) => {
+    await waitFor(
+      'the outage merged into Redis',
+      async () => (await usageOfRow(gw, key, 'GET /orders')).day.used === ok.length,
+      3000,
+      50,
+    ).catch(async (err: Error) => {
       throw new Error(`${err.message}: ${await why()}`);
     });
     expect(await metricValue(gw, 'oapi_gateway_insurance_merged_total', { result: 'ok' })).toBe(1);

@@ -45,10 +45,15 @@ const newKey = (): string => `key-${Date.now()}-${++keyN}`;
 const get = (path: string, key?: string, headers: Record<string, string> = {}) =>
   send(gw.url, { path, headers: key ? { 'X-API-Key': key, ...headers } : headers });
 
-async function usageOf(key: string, route: string): Promise<{ hour: { used: number; remaining: number }; day: { used: number; remaining: number } }> {
+async function usageOf(
+  key: string,
+  route: string,
+): Promise<{ hour: { used: number; remaining: number }; day: { used: number; remaining: number } }> {
   const reply = await send(gw.adminUrl, { path: `/admin/usage/${encodeURIComponent(key)}`, headers: authHeader() });
   expect(reply.status).toBe(200);
-  const entry = reply.json<{ endpoints: Array<{ route: string; hour: never; day: never }> }>().endpoints.find((e) => e.route === route);
+  const entry = reply
+    .json<{ endpoints: Array<{ route: string; hour: never; day: never }> }>()
+    .endpoints.find((e) => e.route === route);
   if (!entry) throw new Error(`no usage entry for ${route}`);
   return entry;
 }
@@ -112,7 +117,17 @@ describe('step 2: the endpoint', () => {
 
   it('counts every spelling of a path against the row it matches, and forwards the normalised path', async () => {
     const key = newKey();
-    const spellings = ['/orders/1', '/orders//1', '/orders/1/', '/orders/./1', '/orders/x/../1', '/%6Frders/1', '/orders/%31', '//orders///1//', '/../orders/1'];
+    const spellings = [
+      '/orders/1',
+      '/orders//1',
+      '/orders/1/',
+      '/orders/./1',
+      '/orders/x/../1',
+      '/%6Frders/1',
+      '/orders/%31',
+      '//orders///1//',
+      '/../orders/1',
+    ];
     const start = gw.eqt.requests.length;
     for (const path of spellings) {
       const reply = await get(path + '?q=%2F..', key);
@@ -120,7 +135,10 @@ describe('step 2: the endpoint', () => {
     }
     const received = gw.eqt.requests.slice(start).map((r) => r.url);
     expect(received).toEqual(spellings.map(() => '/orders/1?q=%2F..'));
-    expect(await usageOf(key, 'GET /orders/{id}')).toMatchObject({ hour: { used: spellings.length }, day: { used: spellings.length } });
+    expect(await usageOf(key, 'GET /orders/{id}')).toMatchObject({
+      hour: { used: spellings.length },
+      day: { used: spellings.length },
+    });
   });
 });
 
@@ -153,7 +171,9 @@ describe('step 3: the hour and day windows', () => {
     const retryAfter = Number(refused.headers['retry-after']);
     const now = Date.now();
     expect(retryAfter).toBeGreaterThanOrEqual(1);
-    expect(Math.abs(retryAfter - Math.ceil((Math.ceil(now / 3_600_000) * 3_600_000 - now) / 1000))).toBeLessThanOrEqual(2);
+    expect(Math.abs(retryAfter - Math.ceil((Math.ceil(now / 3_600_000) * 3_600_000 - now) / 1000))).toBeLessThanOrEqual(
+      2,
+    );
     expect(refused.headers['x-ratelimit-remaining-hour']).toBe('0');
     expect(refused.headers['x-ratelimit-remaining-day']).toBe('2');
     expect(refused.headers['x-request-id']).toBeTruthy();
@@ -164,7 +184,10 @@ describe('step 3: the hour and day windows', () => {
     const key = newKey();
     for (let i = 0; i < 3; i++) await get('/orders', key);
     for (let i = 0; i < 25; i++) expect((await get('/orders', key)).status).toBe(429);
-    expect(await usageOf(key, 'GET /orders')).toMatchObject({ hour: { used: 3, remaining: 0 }, day: { used: 3, remaining: 2 } });
+    expect(await usageOf(key, 'GET /orders')).toMatchObject({
+      hour: { used: 3, remaining: 0 },
+      day: { used: 3, remaining: 2 },
+    });
   });
 
   it('keeps keys apart and rows apart', async () => {
@@ -192,7 +215,13 @@ describe('step 4: the body', () => {
 
   it('refuses a body over MAX_BODY_BYTES with 413, counted and with usage headers', async () => {
     const key = newKey();
-    const reply = await send(gw.url, { method: 'POST', path: '/orders', headers: { 'X-API-Key': key, 'Content-Type': 'application/json' }, body: 'x'.repeat(3000), agent: false });
+    const reply = await send(gw.url, {
+      method: 'POST',
+      path: '/orders',
+      headers: { 'X-API-Key': key, 'Content-Type': 'application/json' },
+      body: 'x'.repeat(3000),
+      agent: false,
+    });
     expect(reply.status).toBe(413);
     expect(expectTwoFields(reply).error).toBe('Content Too Large');
     expect(reply.headers['x-ratelimit-remaining-hour']).toBe('99');
@@ -202,11 +231,20 @@ describe('step 4: the body', () => {
   it('refuses a chunked body that passes MAX_BODY_BYTES, cutting it off', async () => {
     const key = newKey();
     const reply = await new Promise<{ status: number; body: string }>((resolve, reject) => {
-      const req = http.request({ host: '127.0.0.1', port: gw.port, method: 'POST', path: '/orders', headers: { 'X-API-Key': key, 'Transfer-Encoding': 'chunked' } }, (res) => {
-        let body = '';
-        res.on('data', (c: Buffer) => (body += c));
-        res.on('end', () => resolve({ status: res.statusCode ?? 0, body }));
-      });
+      const req = http.request(
+        {
+          host: '127.0.0.1',
+          port: gw.port,
+          method: 'POST',
+          path: '/orders',
+          headers: { 'X-API-Key': key, 'Transfer-Encoding': 'chunked' },
+        },
+        (res) => {
+          let body = '';
+          res.on('data', (c: Buffer) => (body += c.toString()));
+          res.on('end', () => resolve({ status: res.statusCode ?? 0, body }));
+        },
+      );
       req.on('error', reject);
       let sent = 0;
       const pump = (): void => {
@@ -224,17 +262,30 @@ describe('step 4: the body', () => {
 
   it('requires application/json on the token routes (415), counted', async () => {
     const key = newKey();
-    const reply = await send(gw.url, { method: 'POST', path: token, headers: { 'X-API-Key': key, 'Content-Type': 'text/plain' }, body: '{"username":"a","password":"b"}' });
+    const reply = await send(gw.url, {
+      method: 'POST',
+      path: token,
+      headers: { 'X-API-Key': key, 'Content-Type': 'text/plain' },
+      body: '{"username":"a","password":"b"}',
+    });
     expect(reply.status).toBe(415);
-    expect(expectTwoFields(reply)).toEqual({ error: 'Unsupported Media Type', message: 'Content-Type must be application/json' });
+    expect(expectTwoFields(reply)).toEqual({
+      error: 'Unsupported Media Type',
+      message: 'Content-Type must be application/json',
+    });
     expect(reply.headers['x-ratelimit-remaining-hour']).toBe('5');
   });
 
   it('requires non-empty string username and password (400), counted, and forwards nothing', async () => {
     const key = newKey();
     const before = gw.eqt.requests.length;
-    for (const body of ['{"username":"demo"}', 'not json', '{"username":"demo","password":""}', '[' .repeat(50)]) {
-      const reply = await send(gw.url, { method: 'POST', path: token, headers: { 'X-API-Key': key, 'Content-Type': 'application/json; charset=utf-8' }, body });
+    for (const body of ['{"username":"demo"}', 'not json', '{"username":"demo","password":""}', '['.repeat(50)]) {
+      const reply = await send(gw.url, {
+        method: 'POST',
+        path: token,
+        headers: { 'X-API-Key': key, 'Content-Type': 'application/json; charset=utf-8' },
+        body,
+      });
       expect(reply.status).toBe(400);
       expect(expectTwoFields(reply).error).toBe('Bad Request');
       expect(reply.headers['x-ratelimit-limit-hour']).toBe('6');
@@ -255,7 +306,13 @@ describe('step 5: forwarding', () => {
     const deriv = await send(gw.url, { method: 'POST', path: '/oapi/auth/gen-secret-key/derivative', headers, body });
     expect(under.status).toBe(200);
     expect(deriv.status).toBe(200);
-    expect(Object.keys(deriv.json<object>()).sort()).toEqual(['access_token', 'expires_in', 'otp_token', 'refresh_token', 'token_type']);
+    expect(Object.keys(deriv.json<object>()).sort()).toEqual([
+      'access_token',
+      'expires_in',
+      'otp_token',
+      'refresh_token',
+      'token_type',
+    ]);
     expect(gw.eqt.requests.length).toBe(eqtBefore + 1);
     expect(gw.fno.requests.length).toBe(fnoBefore + 1);
     expect(gw.eqt.requests.at(-1)?.body.equals(body)).toBe(true);
@@ -272,7 +329,9 @@ describe('step 5: forwarding', () => {
     });
     expect(reply.status).toBe(500);
     expect(reply.body.equals(Buffer.from(loginFailedBody('fno'), 'utf8'))).toBe(true);
-    expect(reply.json<{ messageParams: { error_description: string } }>().messageParams.error_description).toBe('-107: Tên đăng nhập hoặc mật khẩu không đúng');
+    expect(reply.json<{ messageParams: { error_description: string } }>().messageParams.error_description).toBe(
+      '-107: Tên đăng nhập hoặc mật khẩu không đúng',
+    );
     expect(reply.headers['content-type']).toBe('application/json; charset=utf-8');
     expect(reply.headers['x-ratelimit-limit-hour']).toBe('6');
   });
@@ -327,7 +386,9 @@ describe('step 5: forwarding', () => {
 
   it('keeps the bridge headers, repeated ones included, in one answer', async () => {
     const reply = await get('/orders/79', newKey());
-    expect(reply.rawHeaders.filter((h, i) => i % 2 === 0 && h.toLowerCase() === 'x-ratelimit-limit-hour')).toHaveLength(1);
+    expect(reply.rawHeaders.filter((h, i) => i % 2 === 0 && h.toLowerCase() === 'x-ratelimit-limit-hour')).toHaveLength(
+      1,
+    );
     expect(reply.headers['content-type']).toBe('application/json');
     expect(reply.json()).toEqual({ bridge: 'eqt', method: 'GET', path: '/orders/79', query: '' });
   });
@@ -336,7 +397,10 @@ describe('step 5: forwarding', () => {
 describe('client errors the HTTP server answers itself', () => {
   it('refuses Content-Length together with Transfer-Encoding and never forwards it', async () => {
     const before = gw.eqt.requests.length;
-    const raw = await rawExchange(gw.port, `POST /orders HTTP/1.1\r\nHost: x\r\nX-API-Key: k\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n`);
+    const raw = await rawExchange(
+      gw.port,
+      `POST /orders HTTP/1.1\r\nHost: x\r\nX-API-Key: k\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n`,
+    );
     expect(raw).toMatch(/^HTTP\/1\.1 400 /);
     expect(raw).toContain('{"error":"Bad Request"');
     expect(gw.eqt.requests.length).toBe(before);
@@ -362,7 +426,15 @@ describe('the access log', () => {
     const reply = await get('/orders/81', key);
     await new Promise((r) => setTimeout(r, 20));
     const line = gw.logs.find((l) => l.reqId === reply.headers['x-request-id']);
-    expect(line).toMatchObject({ msg: 'request', method: 'GET', endpoint: 'GET /orders/{id}', path: '/orders/81', status: 200, bridge: 'eqt', limit: 'allowed' });
+    expect(line).toMatchObject({
+      msg: 'request',
+      method: 'GET',
+      endpoint: 'GET /orders/{id}',
+      path: '/orders/81',
+      status: 200,
+      bridge: 'eqt',
+      limit: 'allowed',
+    });
     expect(typeof line?.ms).toBe('number');
     expect(typeof line?.upstreamMs).toBe('number');
     expect(line?.key).toMatch(/^[0-9a-f]{12}$/);

@@ -91,7 +91,7 @@ describe('a client that sends its headers slowly', () => {
     const raw = Buffer.concat(received).toString('utf8');
     if (raw.length > 0) {
       expect(raw).toMatch(/^HTTP\/1\.1 408 /);
-      expect(rawBody(raw)).toEqual({ error: 'Request Timeout', message: expect.any(String) });
+      expect(rawBody(raw)).toEqual({ error: 'Request Timeout', message: expect.any(String) as string });
     }
     expect(gw.eqt.requests.length).toBe(before);
     expect(await usedOnAllRows(key)).toBe(0);
@@ -103,14 +103,27 @@ describe('oversized headers', () => {
   it('answer 431 in the two-field shape, one big header or many small ones, while a request under the limit passes', async () => {
     const key = newKey();
     const before = gw.eqt.requests.length;
-    for (const headers of [`X-Big: ${'a'.repeat(MAX_HEADER_BYTES + 100)}\r\n`, Array.from({ length: 200 }, (_, i) => `X-H${i}: ${'b'.repeat(60)}\r\n`).join('')]) {
-      const raw = await rawExchange(gw.port, `GET /orders/1 HTTP/1.1\r\nHost: x\r\nX-API-Key: ${key}\r\n${headers}\r\n`);
+    for (const headers of [
+      `X-Big: ${'a'.repeat(MAX_HEADER_BYTES + 100)}\r\n`,
+      Array.from({ length: 200 }, (_, i) => `X-H${i}: ${'b'.repeat(60)}\r\n`).join(''),
+    ]) {
+      const raw = await rawExchange(
+        gw.port,
+        `GET /orders/1 HTTP/1.1\r\nHost: x\r\nX-API-Key: ${key}\r\n${headers}\r\n`,
+      );
       expect(raw).toMatch(/^HTTP\/1\.1 431 /);
-      expect(rawBody(raw)).toEqual({ error: 'Request Header Fields Too Large', message: 'Request headers are too large' });
+      expect(rawBody(raw)).toEqual({
+        error: 'Request Header Fields Too Large',
+        message: 'Request headers are too large',
+      });
     }
     expect(gw.eqt.requests.length).toBe(before);
     expect(await usedOnAllRows(key)).toBe(0);
-    const under = await send(gw.url, { path: '/orders/1', headers: { 'X-API-Key': newKey(), 'X-Big': 'c'.repeat(MAX_HEADER_BYTES / 2) }, agent: false });
+    const under = await send(gw.url, {
+      path: '/orders/1',
+      headers: { 'X-API-Key': newKey(), 'X-Big': 'c'.repeat(MAX_HEADER_BYTES / 2) },
+      agent: false,
+    });
     expect(under.status).toBe(200);
   });
 });
@@ -119,10 +132,22 @@ describe('ambiguous request framing', () => {
   const K = `framing-${Date.now()}`;
   const smuggled = `GET /orders/smuggled HTTP/1.1\r\nHost: x\r\nX-API-Key: ${K}\r\n\r\n`;
   const cases: Array<[string, string]> = [
-    ['Content-Length with Transfer-Encoding', `POST /orders HTTP/1.1\r\nHost: x\r\nX-API-Key: k\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n${smuggled}`],
-    ['Transfer-Encoding with Content-Length', `POST /orders HTTP/1.1\r\nHost: x\r\nX-API-Key: k\r\nTransfer-Encoding: chunked\r\nContent-Length: ${4 + smuggled.length}\r\n\r\n0\r\n\r\n${smuggled}`],
-    ['two different Content-Lengths', `POST /orders HTTP/1.1\r\nHost: x\r\nX-API-Key: k\r\nContent-Length: 0\r\nContent-Length: ${smuggled.length}\r\n\r\n${smuggled}`],
-    ['chunked not the final transfer coding', `POST /orders HTTP/1.1\r\nHost: x\r\nX-API-Key: k\r\nTransfer-Encoding: chunked, identity\r\n\r\n0\r\n\r\n${smuggled}`],
+    [
+      'Content-Length with Transfer-Encoding',
+      `POST /orders HTTP/1.1\r\nHost: x\r\nX-API-Key: k\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n${smuggled}`,
+    ],
+    [
+      'Transfer-Encoding with Content-Length',
+      `POST /orders HTTP/1.1\r\nHost: x\r\nX-API-Key: k\r\nTransfer-Encoding: chunked\r\nContent-Length: ${4 + smuggled.length}\r\n\r\n0\r\n\r\n${smuggled}`,
+    ],
+    [
+      'two different Content-Lengths',
+      `POST /orders HTTP/1.1\r\nHost: x\r\nX-API-Key: k\r\nContent-Length: 0\r\nContent-Length: ${smuggled.length}\r\n\r\n${smuggled}`,
+    ],
+    [
+      'chunked not the final transfer coding',
+      `POST /orders HTTP/1.1\r\nHost: x\r\nX-API-Key: k\r\nTransfer-Encoding: chunked, identity\r\n\r\n0\r\n\r\n${smuggled}`,
+    ],
   ];
   for (const [name, bytes] of cases) {
     it(`refuses ${name} with a two-field 400 and never forwards anything of it`, async () => {
@@ -162,7 +187,9 @@ describe('a body over MAX_BODY_BYTES', () => {
     });
     socket.on('error', () => {});
     socket.on('close', () => (closed = true));
-    socket.write(`POST /orders HTTP/1.1\r\nHost: x\r\nX-API-Key: ${key}\r\nContent-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n`);
+    socket.write(
+      `POST /orders HTTP/1.1\r\nHost: x\r\nX-API-Key: ${key}\r\nContent-Type: application/octet-stream\r\nTransfer-Encoding: chunked\r\n\r\n`,
+    );
     const piece = `${CHUNK.toString(16)}\r\n${'z'.repeat(CHUNK)}\r\n`;
     // Send until answered, closed, all sent, or 10 s; wait for drain on backpressure (bounded).
     while (sentAtAnswer === undefined && !closed && sent < TOTAL && performance.now() - t0 < 10_000) {
@@ -176,7 +203,10 @@ describe('a body over MAX_BODY_BYTES', () => {
 
     const raw = Buffer.concat(received).toString('utf8');
     expect(raw).toMatch(/^HTTP\/1\.1 413 /);
-    expect(rawBody(raw)).toEqual({ error: 'Content Too Large', message: `Request body is larger than ${MAX_BODY_BYTES} bytes` });
+    expect(rawBody(raw)).toEqual({
+      error: 'Content Too Large',
+      message: `Request body is larger than ${MAX_BODY_BYTES} bytes`,
+    });
     expect(finishedSending).toBe(false);
     expect(sentAtAnswer).toBeDefined();
     expect(sentAtAnswer as number).toBeLessThan(TOTAL / 4);
@@ -208,7 +238,9 @@ describe('a body over MAX_BODY_BYTES', () => {
         clearTimeout(timer);
         resolve(Buffer.concat(chunks).toString('utf8'));
       });
-      socket.write(`POST /orders HTTP/1.1\r\nHost: x\r\nX-API-Key: ${key}\r\nContent-Length: ${10 * 1024 * 1024 * 1024}\r\n\r\n`);
+      socket.write(
+        `POST /orders HTTP/1.1\r\nHost: x\r\nX-API-Key: ${key}\r\nContent-Length: ${10 * 1024 * 1024 * 1024}\r\n\r\n`,
+      );
     });
     expect(performance.now() - t0).toBeLessThan(1000);
     expect(raw).toMatch(/^HTTP\/1\.1 413 /);
@@ -220,7 +252,8 @@ describe('a body over MAX_BODY_BYTES', () => {
 });
 
 describe('hostile JSON on the token route', () => {
-  const deep = (depth: number): string => `{"username":"u","password":"p","x":${'['.repeat(depth)}${']'.repeat(depth)}}`;
+  const deep = (depth: number): string =>
+    `{"username":"u","password":"p","x":${'['.repeat(depth)}${']'.repeat(depth)}}`;
   const bodies: Array<[string, string]> = [
     ['nested 5000 deep', deep(5000)],
     ['only opening brackets', '['.repeat(15_000)],
@@ -234,11 +267,19 @@ describe('hostile JSON on the token route', () => {
     const before = gw.eqt.requests.length;
     const hostile = bodies.flatMap(([name, body]) =>
       Array.from({ length: 4 }, () =>
-        attempt(gw.url, { method: 'POST', path: TOKEN, headers: { 'X-API-Key': key, 'Content-Type': 'application/json' }, body, agent: false }).then((out) => ({ name, ...out })),
+        attempt(gw.url, {
+          method: 'POST',
+          path: TOKEN,
+          headers: { 'X-API-Key': key, 'Content-Type': 'application/json' },
+          body,
+          agent: false,
+        }).then((out) => ({ name, ...out })),
       ),
     );
     const normalKey = newKey();
-    const normal = Array.from({ length: 20 }, (_, i) => attempt(gw.url, { path: `/orders/${i}`, headers: { 'X-API-Key': normalKey }, agent: false }));
+    const normal = Array.from({ length: 20 }, (_, i) =>
+      attempt(gw.url, { path: `/orders/${i}`, headers: { 'X-API-Key': normalKey }, agent: false }),
+    );
     const [hostileOuts, normalOuts] = await Promise.all([Promise.all(hostile), Promise.all(normal)]);
     for (const out of hostileOuts) {
       expect(out.reply?.status, out.name).toBe(400);
@@ -268,7 +309,9 @@ describe('hostile JSON on the token route', () => {
     });
     socket.on('error', () => {});
     socket.on('close', () => (closed = true));
-    socket.write(`POST ${TOKEN} HTTP/1.1\r\nHost: x\r\nX-API-Key: ${newKey()}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n`);
+    socket.write(
+      `POST ${TOKEN} HTTP/1.1\r\nHost: x\r\nX-API-Key: ${newKey()}\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n`,
+    );
     const TOTAL = 16 * 1024 * 1024;
     const piece = `4000\r\n${'['.repeat(0x4000)}\r\n`;
     while (sentAtAnswer === undefined && !closed && sent < TOTAL && performance.now() - t0 < 10_000) {
@@ -301,6 +344,8 @@ describe('absurd API keys', () => {
     }
     expect(gw.eqt.requests.length).toBe(before);
     const normal = 'n'.repeat(64) + Date.now();
-    expect((await send(gw.url, { path: '/orders/1', headers: { 'X-API-Key': normal }, agent: false })).status).toBe(200);
+    expect((await send(gw.url, { path: '/orders/1', headers: { 'X-API-Key': normal }, agent: false })).status).toBe(
+      200,
+    );
   });
 });

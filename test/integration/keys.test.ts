@@ -4,7 +4,13 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import type { SandboxBridge } from '../../src/sandbox/bridge.js';
-import { authHeader, startGatewayPair, startTestGateway, type GatewayPair, type TestGateway } from '../helpers/gateway.js';
+import {
+  authHeader,
+  startGatewayPair,
+  startTestGateway,
+  type GatewayPair,
+  type TestGateway,
+} from '../helpers/gateway.js';
 import { expectTwoFields, send } from '../helpers/http.js';
 import { redisClient, startRedisServer, type RedisProcess } from '../helpers/redis.js';
 
@@ -36,7 +42,12 @@ ${extra}`;
 const call = (gw: TestGateway, key: string | undefined, path = '/orders/1', headers: Record<string, string> = {}) =>
   send(gw.url, { path, headers: key === undefined ? headers : { 'X-API-Key': key, ...headers } });
 const issue = async (gw: TestGateway, id: string, plan?: string) => {
-  const reply = await send(gw.adminUrl, { method: 'POST', path: '/admin/keys', headers: { ...authHeader(), 'Content-Type': 'application/json' }, body: JSON.stringify({ id, ...(plan ? { plan } : {}) }) });
+  const reply = await send(gw.adminUrl, {
+    method: 'POST',
+    path: '/admin/keys',
+    headers: { ...authHeader(), 'Content-Type': 'application/json' },
+    body: JSON.stringify({ id, ...(plan ? { plan } : {}) }),
+  });
   return reply;
 };
 
@@ -51,7 +62,11 @@ describe('registered keys, shared by two instances', () => {
     dir = mkdtempSync(join(tmpdir(), 'oapi-keys-'));
     writeFileSync(join(dir, 'api-keys.yaml'), keyFile());
     // Many deliberate 401s come from one address here; the guard has a test of its own below.
-    const env = { API_KEY_MODE: 'registered', API_KEYS_FILE: join(dir, 'api-keys.yaml'), INVALID_KEY_MAX_ATTEMPTS: '10000' };
+    const env = {
+      API_KEY_MODE: 'registered',
+      API_KEYS_FILE: join(dir, 'api-keys.yaml'),
+      INVALID_KEY_MAX_ATTEMPTS: '10000',
+    };
     pair = await startGatewayPair({ limits: LIMITS, env, dir, label: 'keys' });
     ({ a, b, eqt } = pair);
   });
@@ -99,7 +114,7 @@ describe('registered keys, shared by two instances', () => {
     expect(await redis.hget(`${a.prefix}{keys}:by-hash`, sha(body.key))).toBe('acme-prod');
     redis.disconnect();
     expect(stored).not.toContain(body.key);
-    expect(JSON.parse(stored ?? '{}').sha256).toBe(sha(body.key));
+    expect((JSON.parse(stored ?? '{}') as { sha256?: string }).sha256).toBe(sha(body.key));
     expect(a.logText() + b.logText()).not.toContain(body.key);
   });
 
@@ -118,18 +133,30 @@ describe('registered keys, shared by two instances', () => {
     const reply = await send(a.adminUrl, { path: '/admin/keys', headers: authHeader() });
     expect(reply.status).toBe(200);
     const { keys } = reply.json<{ keys: Array<Record<string, unknown>> }>();
-    expect(keys.find((k) => k.id === 'file-premium')).toEqual({ id: 'file-premium', plan: 'premium', source: 'key-file' });
-    expect(keys.find((k) => k.id === 'acme-prod')).toMatchObject({ id: 'acme-prod', plan: 'market-maker', source: 'admin-api' });
+    expect(keys.find((k) => k.id === 'file-premium')).toEqual({
+      id: 'file-premium',
+      plan: 'premium',
+      source: 'key-file',
+    });
+    expect(keys.find((k) => k.id === 'acme-prod')).toMatchObject({
+      id: 'acme-prod',
+      plan: 'market-maker',
+      source: 'admin-api',
+    });
     expect(reply.text).not.toContain(sha(FILE_KEY));
     expect(reply.text).not.toContain('oapi_');
   });
 
   it('revokes at once on every instance: the next request on the other one gets 401', async () => {
     const { key } = (await issue(a, `short-lived-${Date.now()}`)).json<{ key: string; id: string }>();
-    const id = (await send(a.adminUrl, { path: '/admin/keys', headers: authHeader() })).json<{ keys: Array<{ id: string }> }>().keys.find((k) => k.id.startsWith('short-lived-'))!.id;
+    const id = (await send(a.adminUrl, { path: '/admin/keys', headers: authHeader() }))
+      .json<{ keys: Array<{ id: string }> }>()
+      .keys.find((k) => k.id.startsWith('short-lived-'))!.id;
     expect((await call(b, key)).status).toBe(200);
     const revokedAt = Date.now();
-    expect((await send(a.adminUrl, { method: 'DELETE', path: `/admin/keys/${id}`, headers: authHeader() })).status).toBe(204);
+    expect(
+      (await send(a.adminUrl, { method: 'DELETE', path: `/admin/keys/${id}`, headers: authHeader() })).status,
+    ).toBe(204);
     // Until the revocation lands, the key is valid (200, or 429 once the row is spent).
     let status = 200;
     while (status !== 401 && Date.now() - revokedAt < 2000) {
@@ -138,8 +165,12 @@ describe('registered keys, shared by two instances', () => {
     }
     expect(status).toBe(401);
     expect(Date.now() - revokedAt).toBeLessThan(1000);
-    expect((await send(a.adminUrl, { method: 'DELETE', path: `/admin/keys/${id}`, headers: authHeader() })).status).toBe(404);
-    expect((await send(a.adminUrl, { method: 'DELETE', path: '/admin/keys/file-basic', headers: authHeader() })).status).toBe(409);
+    expect(
+      (await send(a.adminUrl, { method: 'DELETE', path: `/admin/keys/${id}`, headers: authHeader() })).status,
+    ).toBe(404);
+    expect(
+      (await send(a.adminUrl, { method: 'DELETE', path: '/admin/keys/file-basic', headers: authHeader() })).status,
+    ).toBe(409);
   });
 
   it('notices a revocation within a second even when the announcement is lost', async () => {
@@ -148,7 +179,12 @@ describe('registered keys, shared by two instances', () => {
     // Remove the key the way another instance would, but without publishing the change.
     const redis = redisClient();
     const stored = JSON.parse((await redis.hget(`${a.prefix}{keys}`, 'silent-revoke')) ?? '{}') as { sha256: string };
-    await redis.multi().hdel(`${a.prefix}{keys}`, 'silent-revoke').hdel(`${a.prefix}{keys}:by-hash`, stored.sha256).incr(`${a.prefix}{keys}:version`).exec();
+    await redis
+      .multi()
+      .hdel(`${a.prefix}{keys}`, 'silent-revoke')
+      .hdel(`${a.prefix}{keys}:by-hash`, stored.sha256)
+      .incr(`${a.prefix}{keys}:version`)
+      .exec();
     redis.disconnect();
     const removedAt = Date.now();
     let status = 200;
@@ -161,13 +197,18 @@ describe('registered keys, shared by two instances', () => {
   });
 
   it('shows the plan numbers in /admin/usage and refuses at the plan limit', async () => {
-    const usedBefore = (await send(a.adminUrl, { path: `/admin/usage/${FILE_PREMIUM_KEY}`, headers: authHeader() })).json<{ endpoints: Array<{ hour: { used: number } }> }>().endpoints[0]!.hour.used;
+    const usedBefore = (
+      await send(a.adminUrl, { path: `/admin/usage/${FILE_PREMIUM_KEY}`, headers: authHeader() })
+    ).json<{ endpoints: Array<{ hour: { used: number } }> }>().endpoints[0]!.hour.used;
     for (let i = usedBefore; i < 20; i++) expect((await call(a, FILE_PREMIUM_KEY, `/orders/${i}`)).status).toBe(200);
     const refused = await call(a, FILE_PREMIUM_KEY, '/orders/x');
     expect(refused.status).toBe(429);
     expect(refused.headers['x-ratelimit-limit-hour']).toBe('20');
     const usage = await send(a.adminUrl, { path: `/admin/usage/${FILE_PREMIUM_KEY}`, headers: authHeader() });
-    expect(usage.json<{ endpoints: Array<{ hour: unknown; day: unknown }> }>().endpoints[0]).toMatchObject({ hour: { limit: 20, used: 20, remaining: 0 }, day: { limit: 50 } });
+    expect(usage.json<{ endpoints: Array<{ hour: unknown; day: unknown }> }>().endpoints[0]).toMatchObject({
+      hour: { limit: 20, used: 20, remaining: 0 },
+      day: { limit: 50 },
+    });
   });
 
   it('reloads the key file on change, refusing a bad one and keeping the keys in force', async () => {
@@ -235,7 +276,9 @@ describe('keys without Redis', () => {
     try {
       const { key } = (await issue(gw, 'local')).json<{ key: string }>();
       expect((await call(gw, key)).status).toBe(200);
-      expect((await send(gw.adminUrl, { method: 'DELETE', path: '/admin/keys/local', headers: authHeader() })).status).toBe(204);
+      expect(
+        (await send(gw.adminUrl, { method: 'DELETE', path: '/admin/keys/local', headers: authHeader() })).status,
+      ).toBe(204);
       expect((await call(gw, key)).status).toBe(401);
     } finally {
       await gw.stop();
@@ -251,7 +294,12 @@ describe('a client guessing keys', () => {
     gw = await startTestGateway({
       limits: LIMITS,
       redis: redis.url,
-      env: { API_KEY_MODE: 'registered', INVALID_KEY_MAX_ATTEMPTS: '5', INVALID_KEY_WINDOW_SECONDS: '60', TRUST_PROXY_HOPS: '1' },
+      env: {
+        API_KEY_MODE: 'registered',
+        INVALID_KEY_MAX_ATTEMPTS: '5',
+        INVALID_KEY_WINDOW_SECONDS: '60',
+        TRUST_PROXY_HOPS: '1',
+      },
     });
   });
   afterAll(async () => {
@@ -282,7 +330,10 @@ describe('a client guessing keys', () => {
     const admin = redisClient(redis.url);
     await admin.config('RESETSTAT');
     const started = Date.now();
-    for (let i = 0; i < 40; i++) expect((await call(gw, key, `/marketdata/quote/S${i % 2}`, { 'X-Forwarded-For': '198.51.100.20' })).status).toBeLessThan(500);
+    for (let i = 0; i < 40; i++)
+      expect(
+        (await call(gw, key, `/marketdata/quote/S${i % 2}`, { 'X-Forwarded-For': '198.51.100.20' })).status,
+      ).toBeLessThan(500);
     const elapsed = Date.now() - started;
     const stats = await admin.info('commandstats');
     admin.disconnect();
@@ -299,7 +350,12 @@ describe('a client guessing keys on one of two instances', () => {
   let dir: string;
   beforeAll(async () => {
     dir = mkdtempSync(join(tmpdir(), 'oapi-guess-'));
-    const env = { API_KEY_MODE: 'registered', INVALID_KEY_MAX_ATTEMPTS: '3', INVALID_KEY_WINDOW_SECONDS: '60', TRUST_PROXY_HOPS: '1' };
+    const env = {
+      API_KEY_MODE: 'registered',
+      INVALID_KEY_MAX_ATTEMPTS: '3',
+      INVALID_KEY_WINDOW_SECONDS: '60',
+      TRUST_PROXY_HOPS: '1',
+    };
     pair = await startGatewayPair({ limits: LIMITS, env, dir, label: 'guess' });
   });
   afterAll(async () => {
@@ -331,6 +387,7 @@ describe('a client guessing keys on one of two instances', () => {
     expect(Number(onB.headers['retry-after'])).toBeGreaterThan(50);
     expect(Number(onB.headers['retry-after'])).toBeLessThanOrEqual(60);
     // Another address with the same key is served on both.
-    for (const gw of [pair.a, pair.b]) expect((await call(gw, key, quote, { 'X-Forwarded-For': '198.51.100.61' })).status).toBe(200);
+    for (const gw of [pair.a, pair.b])
+      expect((await call(gw, key, quote, { 'X-Forwarded-For': '198.51.100.61' })).status).toBe(200);
   });
 });

@@ -64,12 +64,20 @@ async function startProcess(env: Record<string, string> = {}) {
   });
   children.push(child);
   let log = '';
-  child.stdout.on('data', (c: Buffer) => (log += c));
+  child.stdout.on('data', (c: Buffer) => (log += c.toString()));
   const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
   const deadline = Date.now() + 8000;
   while (!log.includes('gateway listening') && Date.now() < deadline) await new Promise((r) => setTimeout(r, 25));
   if (!log.includes('gateway listening')) throw new Error(`gateway did not start:\n${log}`);
-  return { child, dir, url: `http://127.0.0.1:${port}`, adminUrl: `http://127.0.0.1:${adminPort}`, prefix, log: () => log, exited };
+  return {
+    child,
+    dir,
+    url: `http://127.0.0.1:${port}`,
+    adminUrl: `http://127.0.0.1:${adminPort}`,
+    prefix,
+    log: () => log,
+    exited,
+  };
 }
 
 describe('SIGHUP', () => {
@@ -78,8 +86,12 @@ describe('SIGHUP', () => {
     writeFileSync(join(gw.dir, 'limits.yaml'), LIMITS.replace('per_hour: 7200', 'per_hour: 7100'));
     gw.child.kill('SIGHUP');
     const deadline = Date.now() + 3000;
-    while (!gw.log().includes('"trigger":"signal"') && Date.now() < deadline) await new Promise((r) => setTimeout(r, 25));
-    const line = gw.log().split('\n').find((l) => l.includes('"trigger":"signal"'));
+    while (!gw.log().includes('"trigger":"signal"') && Date.now() < deadline)
+      await new Promise((r) => setTimeout(r, 25));
+    const line = gw
+      .log()
+      .split('\n')
+      .find((l) => l.includes('"trigger":"signal"'));
     expect(JSON.parse(line ?? '{}')).toMatchObject({ msg: 'limit table loaded', trigger: 'signal', rows: 18 });
     const reply = await send(gw.url, { path: '/orders/1', headers: { 'X-API-Key': 'hup' }, agent: false });
     expect(reply.headers['x-ratelimit-limit-hour']).toBe('7100');
@@ -90,7 +102,10 @@ describe.each(['SIGTERM', 'SIGINT'] as const)('%s', (signal) => {
   it('stops accepting, lets requests in flight finish, closes Redis and exits 0', async () => {
     const gw = await startProcess();
     const redis = redisClient();
-    const ownConnections = async (): Promise<number> => String(await redis.client('LIST')).split('\n').filter((l: string) => l.includes(` name=oapi-gateway:${gw.child.pid} `)).length;
+    const ownConnections = async (): Promise<number> =>
+      String(await redis.client('LIST'))
+        .split('\n')
+        .filter((l: string) => l.includes(` name=oapi-gateway:${gw.child.pid} `)).length;
     expect(await ownConnections()).toBeGreaterThanOrEqual(2); // counters and the event channel
     const inFlight = send(gw.url, { path: '/orders/1?delay=700', headers: { 'X-API-Key': 'drain' }, agent: false });
     await new Promise((r) => setTimeout(r, 200));

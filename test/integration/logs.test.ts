@@ -27,7 +27,9 @@ let strict: TestGateway;
 
 beforeAll(async () => {
   gw = await startTestGateway({ env: { LOG_LEVEL: 'trace' } });
-  broken = await startTestGateway({ env: { LOG_LEVEL: 'trace', EQT_BRIDGE_URL: `http://127.0.0.1:${await refusingPort()}` } });
+  broken = await startTestGateway({
+    env: { LOG_LEVEL: 'trace', EQT_BRIDGE_URL: `http://127.0.0.1:${await refusingPort()}` },
+  });
   strict = await startTestGateway({ env: { LOG_LEVEL: 'trace', API_KEY_MODE: 'registered' } });
 });
 afterAll(async () => {
@@ -39,11 +41,34 @@ it('holds no secret after traffic through every path, errors included', async ()
   const bridgeCredentials = { Authorization: `Bearer ${SECRETS.accessToken}`, 'x-otp-token': SECRETS.otp };
   for (const target of [gw, broken, strict]) {
     const key = { 'X-API-Key': SECRETS.apiKey };
-    await send(target.url, { method: 'POST', path: '/oapi/auth/gen-secret-key/underlying', headers: { ...key, ...json }, body: JSON.stringify({ username: 'demo', password: SECRETS.password }) });
-    await send(target.url, { method: 'POST', path: '/oapi/auth/gen-secret-key/derivative', headers: { ...key, ...json }, body: `{"username":"demo","password":"${SECRETS.badJsonPassword}"` });
-    await send(target.url, { method: 'POST', path: '/oapi/auth/gen-secret-key/underlying', headers: { ...key, 'Content-Type': 'text/plain' }, body: SECRETS.password });
-    await send(target.url, { path: `/orders/1?token=${SECRETS.queryToken}`, headers: { ...key, ...bridgeCredentials } });
-    await send(target.url, { method: 'POST', path: '/orders', headers: { ...key, ...json, ...bridgeCredentials }, body: JSON.stringify({ note: SECRETS.password }) });
+    await send(target.url, {
+      method: 'POST',
+      path: '/oapi/auth/gen-secret-key/underlying',
+      headers: { ...key, ...json },
+      body: JSON.stringify({ username: 'demo', password: SECRETS.password }),
+    });
+    await send(target.url, {
+      method: 'POST',
+      path: '/oapi/auth/gen-secret-key/derivative',
+      headers: { ...key, ...json },
+      body: `{"username":"demo","password":"${SECRETS.badJsonPassword}"`,
+    });
+    await send(target.url, {
+      method: 'POST',
+      path: '/oapi/auth/gen-secret-key/underlying',
+      headers: { ...key, 'Content-Type': 'text/plain' },
+      body: SECRETS.password,
+    });
+    await send(target.url, {
+      path: `/orders/1?token=${SECRETS.queryToken}`,
+      headers: { ...key, ...bridgeCredentials },
+    });
+    await send(target.url, {
+      method: 'POST',
+      path: '/orders',
+      headers: { ...key, ...json, ...bridgeCredentials },
+      body: JSON.stringify({ note: SECRETS.password }),
+    });
     await send(target.url, { path: '/orders/1', headers: { 'X-API-Key': SECRETS.wrongKey, ...bridgeCredentials } });
     await send(target.url, { path: `/ws/orders?api_key=${SECRETS.wsKey}`, headers: key });
     await send(target.adminUrl, { path: `/admin/usage/${SECRETS.adminKey}`, headers: authHeader() });

@@ -24,7 +24,10 @@ const storePrefix = uniquePrefix('cluster-store');
 
 beforeAll(async () => {
   cluster = await startRedisCluster();
-  client = createRedisClient({ clusterNodes: cluster.ports.map((port) => ({ host: '127.0.0.1', port })), commandTimeoutMs: 1000 });
+  client = createRedisClient({
+    clusterNodes: cluster.ports.map((port) => ({ host: '127.0.0.1', port })),
+    commandTimeoutMs: 1000,
+  });
   client.on('error', () => {});
   await client.connect();
 }, 30_000);
@@ -36,7 +39,10 @@ afterAll(async () => {
 
 // One store per client, as the gateway has it.
 let shared: RedisCounterStore | undefined;
-describeCounterStore('RedisCounterStore on a Redis Cluster', () => (shared ??= new RedisCounterStore(client, storePrefix)));
+describeCounterStore(
+  'RedisCounterStore on a Redis Cluster',
+  () => (shared ??= new RedisCounterStore(client, storePrefix)),
+);
 
 const LIMITS = `
 timezone: UTC
@@ -68,10 +74,17 @@ describe('two gateway instances on a Redis Cluster (REDIS_CLUSTER_NODES)', () =>
     fno = await startSandboxBridge('fno');
     const prefix = uniquePrefix('cluster-gw');
     // REDIS_URL is left unset (redis: false); failures would answer 503 rather than count in memory.
-    const env = { REDIS_CLUSTER_NODES: cluster.nodes, REDIS_FAILURE_MODE: 'closed', REDIS_TIMEOUT_MS: '1000', LOG_LEVEL: 'warn' };
+    const env = {
+      REDIS_CLUSTER_NODES: cluster.nodes,
+      REDIS_FAILURE_MODE: 'closed',
+      REDIS_TIMEOUT_MS: '1000',
+      LOG_LEVEL: 'warn',
+    };
     a = await startTestGateway({ limits: LIMITS, prefix, bridges: { eqt, fno }, redis: false, env });
     b = await startTestGateway({ limits: LIMITS, prefix, bridges: { eqt, fno }, redis: false, env });
-    nodes = new Map(cluster.ports.map((port) => [port, new Redis({ host: '127.0.0.1', port, maxRetriesPerRequest: 1 })]));
+    nodes = new Map(
+      cluster.ports.map((port) => [port, new Redis({ host: '127.0.0.1', port, maxRetriesPerRequest: 1 })]),
+    );
   }, 30_000);
 
   afterAll(async () => {
@@ -116,7 +129,10 @@ describe('two gateway instances on a Redis Cluster (REDIS_CLUSTER_NODES)', () =>
     const replies = await Promise.all(
       chosen.flatMap(({ apiKey }, k) =>
         Array.from({ length: 60 }, (_, i) =>
-          send((i + k) % 2 ? a.url : b.url, { path: '/orders', headers: { 'X-API-Key': apiKey }, agent }).then((r) => ({ apiKey, reply: r })),
+          send((i + k) % 2 ? a.url : b.url, { path: '/orders', headers: { 'X-API-Key': apiKey }, agent }).then((r) => ({
+            apiKey,
+            reply: r,
+          })),
         ),
       ),
     );
@@ -126,10 +142,16 @@ describe('two gateway instances on a Redis Cluster (REDIS_CLUSTER_NODES)', () =>
     for (const { apiKey } of chosen) {
       const mine = replies.filter((r) => r.apiKey === apiKey).map((r) => r.reply);
       const statuses = mine.map((r) => r.status);
-      expect(statuses.filter((s) => s === 200), `${apiKey}: ${JSON.stringify(statuses)} ${JSON.stringify(problems)}`).toHaveLength(20);
+      expect(
+        statuses.filter((s) => s === 200),
+        `${apiKey}: ${JSON.stringify(statuses)} ${JSON.stringify(problems)}`,
+      ).toHaveLength(20);
       expect(statuses.filter((s) => s === 429)).toHaveLength(40);
       // Every admitted request saw its own count.
-      const remaining = mine.filter((r) => r.status === 200).map((r) => Number(r.headers['x-ratelimit-remaining-hour'])).sort((x, y) => x - y);
+      const remaining = mine
+        .filter((r) => r.status === 200)
+        .map((r) => Number(r.headers['x-ratelimit-remaining-hour']))
+        .sort((x, y) => x - y);
       expect(remaining).toEqual(Array.from({ length: 20 }, (_, i) => i));
     }
 
@@ -137,7 +159,11 @@ describe('two gateway instances on a Redis Cluster (REDIS_CLUSTER_NODES)', () =>
       for (const gw of [a, b]) {
         const usage = await send(gw.adminUrl, { path: `/admin/usage/${apiKey}`, headers: authHeader() });
         expect(usage.status).toBe(200);
-        expect(usage.json<{ endpoints: unknown[] }>().endpoints[0]).toMatchObject({ route: 'GET /orders', hour: { used: 20 }, day: { used: 20 } });
+        expect(usage.json<{ endpoints: unknown[] }>().endpoints[0]).toMatchObject({
+          route: 'GET /orders',
+          hour: { used: 20 },
+          day: { used: 20 },
+        });
       }
     }
 
@@ -149,7 +175,9 @@ describe('two gateway instances on a Redis Cluster (REDIS_CLUSTER_NODES)', () =>
       expect(await owner.exists(key)).toBe(1);
       expect(await owner.hmget(key, 'hc', 'dc')).toEqual(['20', '20']);
       for (const [otherPort, other] of nodes) {
-        expect(await other.cluster('COUNTKEYSINSLOT', slot), `slot ${slot} on ${otherPort}`).toBe(otherPort === port ? 1 : 0);
+        expect(await other.cluster('COUNTKEYSINSLOT', slot), `slot ${slot} on ${otherPort}`).toBe(
+          otherPort === port ? 1 : 0,
+        );
       }
     }
     expect(problems).toEqual([]);
@@ -174,13 +202,21 @@ describe('two gateway instances on a Redis Cluster (REDIS_CLUSTER_NODES)', () =>
       }
       expect(status, `${apiKey} after a reset through the other instance`).toBe(200);
       const usage = await send(a.adminUrl, { path: `/admin/usage/${apiKey}`, headers: authHeader() });
-      expect(usage.json<{ endpoints: unknown[] }>().endpoints[0]).toMatchObject({ hour: { used: 1 }, day: { used: 1 } });
+      expect(usage.json<{ endpoints: unknown[] }>().endpoints[0]).toMatchObject({
+        hour: { used: 1 },
+        day: { used: 1 },
+      });
     }
   });
 
   it('issue a key through one instance (MULTI in one slot), and the other knows it at once', async () => {
     const id = `cluster-issued-${Date.now()}`;
-    const created = await send(a.adminUrl, { method: 'POST', path: '/admin/keys', headers: { ...authHeader(), 'Content-Type': 'application/json' }, body: JSON.stringify({ id }) });
+    const created = await send(a.adminUrl, {
+      method: 'POST',
+      path: '/admin/keys',
+      headers: { ...authHeader(), 'Content-Type': 'application/json' },
+      body: JSON.stringify({ id }),
+    });
     expect(created.status, created.text).toBe(201);
     let listed = false;
     const deadline = Date.now() + 3000;
@@ -190,7 +226,9 @@ describe('two gateway instances on a Redis Cluster (REDIS_CLUSTER_NODES)', () =>
       if (!listed) await new Promise((r) => setTimeout(r, 50));
     }
     expect(listed).toBe(true);
-    expect((await send(b.adminUrl, { method: 'DELETE', path: `/admin/keys/${id}`, headers: authHeader() })).status).toBe(204);
+    expect(
+      (await send(b.adminUrl, { method: 'DELETE', path: `/admin/keys/${id}`, headers: authHeader() })).status,
+    ).toBe(204);
   });
 
   // Last: it blocks 127.0.0.1 on both instances.

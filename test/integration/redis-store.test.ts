@@ -50,11 +50,19 @@ describe('RedisCounterStore in Redis', () => {
     await store.consume(request({ keyHash: 'warm' })); // loads the script
     const pauser = redisClient(own.url);
     await pauser.call('CLIENT', 'PAUSE', '400', 'WRITE');
-    const results = await Promise.allSettled(Array.from({ length: 12 }, () => store.consume(request({ keyHash: 'paused', hourLimit: 100, dayLimit: 100 }))));
-    expect(results.every((r) => r.status === 'rejected' && (r.reason as StoreUnavailableError).kind === 'timeout')).toBe(true);
+    const results = await Promise.allSettled(
+      Array.from({ length: 12 }, () => store.consume(request({ keyHash: 'paused', hourLimit: 100, dayLimit: 100 }))),
+    );
+    expect(
+      results.every((r) => r.status === 'rejected' && (r.reason as StoreUnavailableError).kind === 'timeout'),
+    ).toBe(true);
     await new Promise((r) => setTimeout(r, 700));
     await store.reconcile();
-    expect(await store.usage('paused', [{ counterId: request().counterId, hourStart: request().hourStart, dayStart: request().dayStart }])).toEqual([{ hour: 0, day: 0 }]);
+    expect(
+      await store.usage('paused', [
+        { counterId: request().counterId, hourStart: request().hourStart, dayStart: request().dayStart },
+      ]),
+    ).toEqual([{ hour: 0, day: 0 }]);
     expect(await pauser.hget(store.counterKey('paused', request().counterId), 'rc')).toBe('');
     pauser.disconnect();
     c.disconnect();
@@ -64,15 +72,41 @@ describe('RedisCounterStore in Redis', () => {
   it('merges into a new counter with the expiry of its day, and keeps the receipts of one it merges into', async () => {
     const store = new RedisCounterStore(client, prefix);
     const r = request({ keyHash: 'merge-new' });
-    await store.merge([{ keyHash: 'merge-new', counterId: r.counterId, hourStart: r.hourStart, hour: 2, dayStart: r.dayStart, day: 3, expireAt: r.expireAt }]);
+    await store.merge([
+      {
+        keyHash: 'merge-new',
+        counterId: r.counterId,
+        hourStart: r.hourStart,
+        hour: 2,
+        dayStart: r.dayStart,
+        day: 3,
+        expireAt: r.expireAt,
+      },
+    ]);
     const inspect = redisClient();
     const key = store.counterKey('merge-new', r.counterId);
     expect(await inspect.hgetall(key)).toEqual({ hs: String(r.hourStart), hc: '2', ds: String(r.dayStart), dc: '3' });
     expect(await inspect.pexpiretime(key)).toBe(r.expireAt);
     await store.consume(r);
     const receipts = await inspect.hget(key, 'rc');
-    await store.merge([{ keyHash: 'merge-new', counterId: r.counterId, hourStart: r.hourStart, hour: 1, dayStart: r.dayStart, day: 1, expireAt: r.expireAt }]);
-    expect(await inspect.hgetall(key)).toEqual({ hs: String(r.hourStart), hc: '4', ds: String(r.dayStart), dc: '5', rc: receipts });
+    await store.merge([
+      {
+        keyHash: 'merge-new',
+        counterId: r.counterId,
+        hourStart: r.hourStart,
+        hour: 1,
+        dayStart: r.dayStart,
+        day: 1,
+        expireAt: r.expireAt,
+      },
+    ]);
+    expect(await inspect.hgetall(key)).toEqual({
+      hs: String(r.hourStart),
+      hc: '4',
+      ds: String(r.dayStart),
+      dc: '5',
+      rc: receipts,
+    });
     inspect.disconnect();
   });
 
@@ -80,19 +114,32 @@ describe('RedisCounterStore in Redis', () => {
     const store = new RedisCounterStore(client, prefix);
     const r = request();
     const entries = (tag: string, n: number): MergeEntry[] =>
-      Array.from({ length: n }, (_, i) => ({ keyHash: `${tag}${i}`, counterId: r.counterId, hourStart: r.hourStart, hour: 1, dayStart: r.dayStart, day: 1, expireAt: r.expireAt }));
-    const usedBy = (e: MergeEntry) => store.usage(e.keyHash, [{ counterId: e.counterId, hourStart: r.hourStart, dayStart: r.dayStart }]);
+      Array.from({ length: n }, (_, i) => ({
+        keyHash: `${tag}${i}`,
+        counterId: r.counterId,
+        hourStart: r.hourStart,
+        hour: 1,
+        dayStart: r.dayStart,
+        day: 1,
+        expireAt: r.expireAt,
+      }));
+    const usedBy = (e: MergeEntry) =>
+      store.usage(e.keyHash, [{ counterId: e.counterId, hourStart: r.hourStart, dayStart: r.dayStart }]);
 
     const many = entries('waves', 450);
     await store.merge(many);
-    for (const e of [many[0], many[199], many[200], many[449]] as MergeEntry[]) expect(await usedBy(e)).toEqual([{ hour: 1, day: 1 }]);
+    for (const e of [many[0], many[199], many[200], many[449]] as MergeEntry[])
+      expect(await usedBy(e)).toEqual([{ hour: 1, day: 1 }]);
 
     // A key of the wrong type in the second wave stops that wave's script: the third is never sent.
     const broken = entries('broken', 650);
     const inspect = redisClient();
     await inspect.set(store.counterKey((broken[250] as MergeEntry).keyHash, r.counterId), 'not a hash');
     inspect.disconnect();
-    const failure = await store.merge(broken).then(() => undefined, (err: unknown) => err);
+    const failure = await store.merge(broken).then(
+      () => undefined,
+      (err: unknown) => err,
+    );
     expect(failure).toBeInstanceOf(MergeFailedError);
     expect((failure as MergeFailedError).kind).toBe('reply');
     expect((failure as MergeFailedError).notApplied).toEqual(broken.slice(400));

@@ -19,10 +19,13 @@ limits:
   - { name: Order Status, route: "GET /orders/{id}", per_hour: 1000, per_day: 1000 }
 `;
 
-const admin = (gw: TestGateway, path: string, method = 'GET') => send(gw.adminUrl, { path, method, headers: authHeader() });
-const limitsHash = async (gw: TestGateway): Promise<string> => (await admin(gw, '/admin/limits')).json<{ hash: string }>().hash;
+const admin = (gw: TestGateway, path: string, method = 'GET') =>
+  send(gw.adminUrl, { path, method, headers: authHeader() });
+const limitsHash = async (gw: TestGateway): Promise<string> =>
+  (await admin(gw, '/admin/limits')).json<{ hash: string }>().hash;
 const orderListLimit = async (gw: TestGateway, key: string): Promise<string | undefined> =>
-  (await send(gw.url, { path: '/orders', headers: { 'X-API-Key': key } })).headers['x-ratelimit-limit-hour'] as string | undefined;
+  (await send(gw.url, { path: '/orders', headers: { 'X-API-Key': key } })).headers['x-ratelimit-limit-hour'] as
+    string | undefined;
 
 async function waitFor<T>(probe: () => Promise<T>, accept: (value: T) => boolean, timeoutMs = 5000): Promise<T> {
   const deadline = Date.now() + timeoutMs;
@@ -66,7 +69,8 @@ describe('POST /admin/limits/reload', () => {
 
   it('refuses an invalid table with the errors check prints, logs and counts it, and keeps the table in force', async () => {
     const before = await limitsHash(gw);
-    const invalid = 'timezone: UTC\nlimits:\n  - { name: Order List, route: "GET /orders", per_hour: 50, per_day: 5 }\n  - { name: X, route: "FETCH /x", per_hour: 1, per_day: 1 }\n';
+    const invalid =
+      'timezone: UTC\nlimits:\n  - { name: Order List, route: "GET /orders", per_hour: 50, per_day: 5 }\n  - { name: X, route: "FETCH /x", per_hour: 1, per_day: 1 }\n';
     writeFileSync(gw.limitsPath, invalid);
     const reply = await admin(gw, '/admin/limits/reload', 'POST');
     expect(reply.status).toBe(422);
@@ -74,7 +78,7 @@ describe('POST /admin/limits/reload', () => {
     expect(body.error).toBe('Unprocessable Content');
 
     const check = await run(BIN, ['check', gw.limitsPath]).catch((e: { stderr: string }) => e);
-    const printed = (check as { stderr: string }).stderr.trimEnd().split('\n').slice(0, -1);
+    const printed = check.stderr.trimEnd().split('\n').slice(0, -1);
     expect(printed).toHaveLength(2);
     expect(body.errors).toEqual(printed);
 
@@ -100,14 +104,24 @@ describe('a change of the file on disk', () => {
 
   it('is loaded when the file is written in place', async () => {
     writeFileSync(gw.limitsPath, table(11, 20));
-    expect(await waitFor(() => orderListLimit(gw, `inplace-${Date.now()}`), (v) => v === '11')).toBe('11');
+    expect(
+      await waitFor(
+        () => orderListLimit(gw, `inplace-${Date.now()}`),
+        (v) => v === '11',
+      ),
+    ).toBe('11');
   });
 
   it('is loaded when an editor replaces the file by a rename', async () => {
     const tmp = join(gw.dir, '.limits.yaml.swp');
     writeFileSync(tmp, table(12, 20));
     renameSync(tmp, gw.limitsPath);
-    expect(await waitFor(() => orderListLimit(gw, `rename-${Date.now()}`), (v) => v === '12')).toBe('12');
+    expect(
+      await waitFor(
+        () => orderListLimit(gw, `rename-${Date.now()}`),
+        (v) => v === '12',
+      ),
+    ).toBe('12');
   });
 
   it('keeps the table in force when the new file is invalid', async () => {
@@ -115,7 +129,12 @@ describe('a change of the file on disk', () => {
     await new Promise((r) => setTimeout(r, 800));
     expect(await orderListLimit(gw, `stay-${Date.now()}`)).toBe('12');
     writeFileSync(gw.limitsPath, table(13, 20));
-    expect(await waitFor(() => orderListLimit(gw, `back-${Date.now()}`), (v) => v === '13')).toBe('13');
+    expect(
+      await waitFor(
+        () => orderListLimit(gw, `back-${Date.now()}`),
+        (v) => v === '13',
+      ),
+    ).toBe('13');
   });
 });
 
@@ -156,7 +175,12 @@ describe('a Kubernetes ConfigMap update', () => {
       writeFileSync(join(dir, '..2026_11_22_10_05_00.2', 'limits.yaml'), table(22, 30));
       symlinkSync('..2026_11_22_10_05_00.2', join(dir, '..data_tmp'));
       renameSync(join(dir, '..data_tmp'), join(dir, '..data'));
-      expect(await waitFor(() => orderListLimit(gw, `cm2-${Date.now()}`), (v) => v === '22')).toBe('22');
+      expect(
+        await waitFor(
+          () => orderListLimit(gw, `cm2-${Date.now()}`),
+          (v) => v === '22',
+        ),
+      ).toBe('22');
     } finally {
       await gw.stop();
     }
@@ -174,7 +198,11 @@ describe('a reload under load', () => {
       const client = async (n: number): Promise<void> => {
         for (let i = 0; i < 2000 && !stop; i++) {
           try {
-            const reply = await send(gw.url, { path: `/orders/${n}-${i}`, headers: { 'X-API-Key': `load-${n}` }, agent });
+            const reply = await send(gw.url, {
+              path: `/orders/${n}-${i}`,
+              headers: { 'X-API-Key': `load-${n}` },
+              agent,
+            });
             statuses.push(reply.status);
           } catch (err) {
             errors.push((err as Error).message);
@@ -194,7 +222,9 @@ describe('a reload under load', () => {
       expect(errors).toEqual([]);
       expect(statuses.length).toBeGreaterThan(100);
       expect(statuses.every((s) => s === 200)).toBe(true);
-      const usage = (await admin(gw, '/admin/usage/load-0')).json<{ endpoints: Array<{ route: string; hour: { used: number } }> }>();
+      const usage = (await admin(gw, '/admin/usage/load-0')).json<{
+        endpoints: Array<{ route: string; hour: { used: number } }>;
+      }>();
       expect(usage.endpoints[1]?.hour.used).toBeGreaterThan(0);
     } finally {
       agent.destroy();

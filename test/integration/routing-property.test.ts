@@ -62,7 +62,10 @@ function referenceNormalise(rawPath: string): string | undefined {
 function rowsMatching(path: string, method?: string): Array<(typeof ROWS)[number]> {
   const segments = path === '/' ? [] : path.slice(1).split('/');
   return ROWS.filter(
-    (row) => (method === undefined || row.method === method) && row.pattern.length === segments.length && row.pattern.every((p, i) => p === '*' || p === segments[i]),
+    (row) =>
+      (method === undefined || row.method === method) &&
+      row.pattern.length === segments.length &&
+      row.pattern.every((p, i) => p === '*' || p === segments[i]),
   );
 }
 
@@ -72,8 +75,25 @@ const segment = fc.oneof(
   { weight: 6, arbitrary: fc.constantFrom('orders', 'marketdata', 'quotes') },
   { weight: 4, arbitrary: fc.constantFrom('1', '42', 'VNM', 'abc-DEF_1.2~x') },
   { weight: 4, arbitrary: fc.constantFrom('.', '..', '', '%2e', '%2E', '.%2e', '%2e%2E', '%2E.', '...') },
-  { weight: 4, arbitrary: fc.constantFrom('%6Frders', '%6F%72%64%65%72%73', 'o%72ders', 'market%64ata', 'MARKETDATA', 'quote%73', '%71uotes', '%41', '%7e', '%7E%2D') },
-  { weight: 2, arbitrary: fc.constantFrom('%2F', '%2f', 'orders%2F1', '%5C', '%5c', '..%2F', '%2e%2e%5c', '\\', 'a\\b') },
+  {
+    weight: 4,
+    arbitrary: fc.constantFrom(
+      '%6Frders',
+      '%6F%72%64%65%72%73',
+      'o%72ders',
+      'market%64ata',
+      'MARKETDATA',
+      'quote%73',
+      '%71uotes',
+      '%41',
+      '%7e',
+      '%7E%2D',
+    ),
+  },
+  {
+    weight: 2,
+    arbitrary: fc.constantFrom('%2F', '%2f', 'orders%2F1', '%5C', '%5c', '..%2F', '%2e%2e%5c', '\\', 'a\\b'),
+  },
   { weight: 2, arbitrary: fc.constantFrom('%20', '%zz', '%4', '%', '%00', '%7F', "a!$&'()*+,;=:@b", '%C3%A9') },
   { weight: 3, arbitrary: fc.stringMatching(/^[A-Za-z0-9\-._~]{1,8}$/) },
 );
@@ -84,16 +104,38 @@ const SPELLINGS: Record<string, readonly string[]> = {
   marketdata: ['marketdata', 'marketdata', 'market%64ata', '%6Darketdata'],
   quotes: ['quotes', 'quote%73', '%71uotes'],
 };
-const detour = fc.constantFrom('', '', '', '', '', './', '/', '%2e/', 'junk/../', 'a/b/../../', 'x/%2e%2e/', 'x%2F/../', '\\/', '%5C/');
+const detour = fc.constantFrom(
+  '',
+  '',
+  '',
+  '',
+  '',
+  './',
+  '/',
+  '%2e/',
+  'junk/../',
+  'a/b/../../',
+  'x/%2e%2e/',
+  'x%2F/../',
+  '\\/',
+  '%5C/',
+);
 const rowShaped = fc
   .constantFrom(...ROWS)
-  .chain((row) => fc.tuple(...row.pattern.map((p) => fc.tuple(detour, p === '*' ? segment : fc.constantFrom(...(SPELLINGS[p] as string[]))))))
+  .chain((row) =>
+    fc.tuple(
+      ...row.pattern.map((p) => fc.tuple(detour, p === '*' ? segment : fc.constantFrom(...(SPELLINGS[p] as string[])))),
+    ),
+  )
   .map((parts) => parts.map(([d, s]) => d + s));
 
 const request = fc.record({
   method: fc.constantFrom('GET', 'GET', 'GET', 'POST'),
   leading: fc.constantFrom('/', '/', '//', '/./', '/../'),
-  segments: fc.oneof({ weight: 1, arbitrary: fc.array(segment, { minLength: 0, maxLength: 5 }) }, { weight: 2, arbitrary: rowShaped }),
+  segments: fc.oneof(
+    { weight: 1, arbitrary: fc.array(segment, { minLength: 0, maxLength: 5 }) },
+    { weight: 2, arbitrary: rowShaped },
+  ),
   trailing: fc.constantFrom('', '', '/', '//', '/.', '/..'),
   query: fc.constantFrom('', '', '?a=1', '?q=%2F..%2e&x=y', '?', '?p=/orders/../x'),
 });
@@ -119,7 +161,12 @@ describe('path normalisation and routing, as a property over real sockets', () =
         const rawPath = r.leading + r.segments.join('/') + r.trailing;
         const id = `${tag}-${++sent}`;
         const before = gw.eqt.requests.length;
-        const reply = await send(gw.url, { method: r.method, path: rawPath + r.query, headers: { 'X-API-Key': key, 'X-Request-Id': id }, agent });
+        const reply = await send(gw.url, {
+          method: r.method,
+          path: rawPath + r.query,
+          headers: { 'X-API-Key': key, 'X-Request-Id': id },
+          agent,
+        });
         const received = gw.eqt.requests.slice(before).filter((q) => q.headers['x-request-id'] === id);
 
         const normalised = referenceNormalise(rawPath);
@@ -131,7 +178,9 @@ describe('path normalisation and routing, as a property over real sockets', () =
         const rows = rowsMatching(normalised, r.method);
         expect(rows.length, normalised).toBeLessThanOrEqual(1); // the table is unambiguous
         if (rows.length === 0) {
-          expect(reply.status, `${r.method} ${rawPath} -> ${normalised}`).toBe(rowsMatching(normalised).length > 0 ? 405 : 404);
+          expect(reply.status, `${r.method} ${rawPath} -> ${normalised}`).toBe(
+            rowsMatching(normalised).length > 0 ? 405 : 404,
+          );
           expect(received, rawPath).toHaveLength(0);
           return;
         }

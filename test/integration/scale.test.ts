@@ -55,7 +55,8 @@ describe('Redis round trips per request', () => {
     const key = `one-trip-${Date.now()}`;
     await send(a.url, { path: '/orders/0', headers: { 'X-API-Key': key } });
     const before = await commandCalls();
-    for (let i = 1; i <= 30; i++) expect((await send(a.url, { path: `/orders/${i}`, headers: { 'X-API-Key': key } })).status).toBe(200);
+    for (let i = 1; i <= 30; i++)
+      expect((await send(a.url, { path: `/orders/${i}`, headers: { 'X-API-Key': key } })).status).toBe(200);
     const after = await commandCalls();
     expect(scriptCalls(after) - scriptCalls(before)).toBe(30);
     // Inside the script: one read and one write of the key's hash.
@@ -65,7 +66,8 @@ describe('Redis round trips per request', () => {
 
   it('is none for a key that has spent a window: refused from memory until the window resets, on every instance', async () => {
     const key = `spent-${Date.now()}`;
-    for (let i = 0; i < 5; i++) expect((await send(a.url, { path: '/orders', headers: { 'X-API-Key': key } })).status).toBe(200);
+    for (let i = 0; i < 5; i++)
+      expect((await send(a.url, { path: '/orders', headers: { 'X-API-Key': key } })).status).toBe(200);
     // Each instance learns it with one call (the refusal from Redis) ...
     expect((await send(a.url, { path: '/orders', headers: { 'X-API-Key': key } })).status).toBe(429);
     expect((await send(b.url, { path: '/orders', headers: { 'X-API-Key': key } })).status).toBe(429);
@@ -118,42 +120,64 @@ describe('WORKERS=2', () => {
       },
       stdio: ['ignore', 'pipe', 'pipe'],
     });
-    child.stdout?.on('data', (c: Buffer) => (log += c));
-    child.stderr?.on('data', (c: Buffer) => (log += c));
+    child.stdout?.on('data', (c: Buffer) => (log += c.toString()));
+    child.stderr?.on('data', (c: Buffer) => (log += c.toString()));
     exited = new Promise((resolve) => child.once('exit', (code) => resolve(code)));
-    exited.then(() => eqt.close(), () => eqt.close());
+    exited.then(
+      () => eqt.close(),
+      () => eqt.close(),
+    );
     const deadline = Date.now() + 10_000;
-    while ((log.match(/"msg":"gateway listening"/g) ?? []).length < 3 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+    while ((log.match(/"msg":"gateway listening"/g) ?? []).length < 3 && Date.now() < deadline)
+      await new Promise((r) => setTimeout(r, 50));
   });
   afterAll(() => {
     if (child.exitCode === null) child.kill('SIGKILL');
   });
 
   it('runs two serving processes and one admin listener, sharing the counters', async () => {
-    const listening = log.split('\n').filter((l) => l.includes('"msg":"gateway listening"')).map((l) => JSON.parse(l) as { pid: number; public?: string; admin?: string });
+    const listening = log
+      .split('\n')
+      .filter((l) => l.includes('"msg":"gateway listening"'))
+      .map((l) => JSON.parse(l) as { pid: number; public?: string; admin?: string });
     expect(listening).toHaveLength(3);
     expect(listening.filter((l) => l.public && !l.admin)).toHaveLength(2);
     expect(listening.filter((l) => l.admin && !l.public)).toHaveLength(1);
 
     // New connections are spread over both workers, which share one limit.
-    const replies = await Promise.all(Array.from({ length: 24 }, () => send(url, { path: '/orders', headers: { 'X-API-Key': 'shared' }, agent: false })));
+    const replies = await Promise.all(
+      Array.from({ length: 24 }, () =>
+        send(url, { path: '/orders', headers: { 'X-API-Key': 'shared' }, agent: false }),
+      ),
+    );
     expect(replies.filter((r) => r.status === 200)).toHaveLength(5);
     expect(replies.filter((r) => r.status === 429)).toHaveLength(19);
     await new Promise((r) => setTimeout(r, 100));
-    const servedBy = new Set(log.split('\n').filter((l) => l.includes('"msg":"request"')).map((l) => (JSON.parse(l) as { pid: number }).pid));
+    const servedBy = new Set(
+      log
+        .split('\n')
+        .filter((l) => l.includes('"msg":"request"'))
+        .map((l) => (JSON.parse(l) as { pid: number }).pid),
+    );
     expect(servedBy.size).toBe(2);
 
     const usage = await send(adminUrl, { path: '/admin/usage/shared', headers: authHeader() });
     expect(usage.json<{ endpoints: Array<{ hour: { used: number } }> }>().endpoints[0]?.hour.used).toBe(5);
     const metrics = (await send(adminUrl, { path: '/metrics' })).text;
-    const total = [...metrics.matchAll(/^oapi_gateway_requests_total\{endpoint="GET \/orders",status="(\d+)"\} (\d+)$/gm)].reduce((sum, m) => sum + Number(m[2]), 0);
+    const total = [
+      ...metrics.matchAll(/^oapi_gateway_requests_total\{endpoint="GET \/orders",status="(\d+)"\} (\d+)$/gm),
+    ].reduce((sum, m) => sum + Number(m[2]), 0);
     expect(total).toBe(24);
   });
 
   it('restarts a worker that cannot start with a growing delay, while the other serves (regression: a tight respawn loop)', async () => {
     writeFileSync(join(dir, 'limits.yaml'), 'limits: [oops');
     await new Promise((r) => setTimeout(r, 500));
-    const workerPid = (JSON.parse(log.split('\n').find((l) => l.includes('"msg":"gateway listening"') && l.includes('"public"')) ?? '{}') as { pid: number }).pid;
+    const workerPid = (
+      JSON.parse(
+        log.split('\n').find((l) => l.includes('"msg":"gateway listening"') && l.includes('"public"')) ?? '{}',
+      ) as { pid: number }
+    ).pid;
     process.kill(workerPid, 'SIGKILL');
     await new Promise((r) => setTimeout(r, 2500));
     const deaths = (log.match(/"msg":"worker died; starting another"/g) ?? []).length;
@@ -163,7 +187,8 @@ describe('WORKERS=2', () => {
     expect((await send(url, { path: '/orders/1', headers: { 'X-API-Key': 'still' }, agent: false })).status).toBe(200);
     writeFileSync(join(dir, 'limits.yaml'), LIMITS);
     const deadline = Date.now() + 8000;
-    while ((log.match(/"msg":"gateway listening"/g) ?? []).length < 4 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 100));
+    while ((log.match(/"msg":"gateway listening"/g) ?? []).length < 4 && Date.now() < deadline)
+      await new Promise((r) => setTimeout(r, 100));
     expect((log.match(/"msg":"gateway listening"/g) ?? []).length).toBe(4);
   });
 

@@ -91,6 +91,7 @@ async function startBridge(options: { httpDelayMs?: number } = {}): Promise<Test
   const wss = new WebSocketServer({ server });
   const sides: BridgeSide[] = [];
   wss.on('connection', (ws, req) => {
+    // eslint-disable-next-line prefer-const -- assigned inside the promise executor below, read by its callbacks
     let side!: BridgeSide;
     const closed = new Promise<{ code: number; reason: string }>((resolve) => {
       ws.once('close', (code, reason) => {
@@ -163,12 +164,19 @@ async function startRawBridge(options: { silent?: boolean; greeting?: string } =
       const end = head.indexOf('\r\n\r\n');
       if (end === -1) return;
       const key = /^sec-websocket-key:\s*(\S+)\s*$/im.exec(head.subarray(0, end).toString('latin1'))?.[1] ?? '';
-      const accept = createHash('sha1').update(key + '258EAFA5-E914-47DA-95CA-C5AB0DC85B11').digest('base64');
+      const accept = createHash('sha1')
+        .update(key + '258EAFA5-E914-47DA-95CA-C5AB0DC85B11')
+        .digest('base64');
       upgraded = true;
       received.set(socket, head.subarray(end + 4));
-      const handshake = Buffer.from(`HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: ${accept}\r\n\r\n`);
+      const handshake = Buffer.from(
+        `HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: ${accept}\r\n\r\n`,
+      );
       // A greeting goes out in the same write as the 101, as a market-data bridge sends its snapshot.
-      const greeting = options.greeting === undefined ? Buffer.alloc(0) : Buffer.concat([Buffer.from([0x81, Buffer.byteLength(options.greeting)]), Buffer.from(options.greeting)]);
+      const greeting =
+        options.greeting === undefined
+          ? Buffer.alloc(0)
+          : Buffer.concat([Buffer.from([0x81, Buffer.byteLength(options.greeting)]), Buffer.from(options.greeting)]);
       socket.write(Buffer.concat([handshake, greeting]));
     });
   });
@@ -210,7 +218,9 @@ function withTimeout<T>(promise: Promise<T>, ms: number, what: string): Promise<
   let timer: NodeJS.Timeout | undefined;
   return Promise.race([
     promise.finally(() => clearTimeout(timer)),
-    new Promise<T>((_, reject) => (timer = setTimeout(() => reject(new Error(`timed out after ${ms} ms: ${what}`)), ms))),
+    new Promise<T>(
+      (_, reject) => (timer = setTimeout(() => reject(new Error(`timed out after ${ms} ms: ${what}`)), ms)),
+    ),
   ]);
 }
 
@@ -297,7 +307,9 @@ function refused(url: string, headers: Record<string, string> = {}, timeoutMs = 
 
 function nextMessage(ws: WebSocket, timeoutMs = 5000): Promise<{ data: Buffer; binary: boolean }> {
   return withTimeout(
-    new Promise((resolve) => ws.once('message', (data: RawData, binary: boolean) => resolve({ data: toBuffer(data), binary }))),
+    new Promise((resolve) =>
+      ws.once('message', (data: RawData, binary: boolean) => resolve({ data: toBuffer(data), binary })),
+    ),
     timeoutMs,
     'a message',
   );
@@ -312,10 +324,16 @@ async function echo(ws: WebSocket, data: string | Buffer, binary: boolean): Prom
 // ---------------------------------------------------------------------------------------------
 // Admin helpers.
 
-async function usageOf(gw: TestGateway, key: string, route = ORDERS): Promise<{ hour: { used: number; remaining: number }; day: { used: number; remaining: number } }> {
+async function usageOf(
+  gw: TestGateway,
+  key: string,
+  route = ORDERS,
+): Promise<{ hour: { used: number; remaining: number }; day: { used: number; remaining: number } }> {
   const reply = await send(gw.adminUrl, { path: `/admin/usage/${encodeURIComponent(key)}`, headers: authHeader() });
   expect(reply.status).toBe(200);
-  const entry = reply.json<{ endpoints: Array<{ route: string; hour: never; day: never }> }>().endpoints.find((e) => e.route === route);
+  const entry = reply
+    .json<{ endpoints: Array<{ route: string; hour: never; day: never }> }>()
+    .endpoints.find((e) => e.route === route);
   if (!entry) throw new Error(`no usage entry for ${route}`);
   return entry;
 }
@@ -324,7 +342,9 @@ async function usageOf(gw: TestGateway, key: string, route = ORDERS): Promise<{ 
 async function gauge(gw: TestGateway, endpoint = ORDERS): Promise<number> {
   const reply = await send(gw.adminUrl, { path: '/metrics' });
   expect(reply.status).toBe(200);
-  const line = reply.text.split('\n').find((l) => l.startsWith(`oapi_gateway_websocket_connections{endpoint="${endpoint}"} `));
+  const line = reply.text
+    .split('\n')
+    .find((l) => l.startsWith(`oapi_gateway_websocket_connections{endpoint="${endpoint}"} `));
   if (!line) return 0;
   return Number(line.slice(line.lastIndexOf(' ') + 1));
 }
@@ -388,7 +408,11 @@ describe('an accepted upgrade', () => {
 
   it('carries text and binary frames both ways, a 1 MB binary message included', async () => {
     const { ws } = await open(wsUrl(gw, '/ws/orders'), { 'X-API-Key': newKey() });
-    await waitFor(() => bridge.sides.length > 0 && bridge.sides.at(-1)!.ws.readyState === WebSocket.OPEN, 3000, 'the bridge side');
+    await waitFor(
+      () => bridge.sides.length > 0 && bridge.sides.at(-1)!.ws.readyState === WebSocket.OPEN,
+      3000,
+      'the bridge side',
+    );
     const side = bridge.sides.at(-1)!;
 
     const text = await echo(ws, 'héllo, bridge', false);
@@ -541,7 +565,10 @@ describe('refused upgrades: the answers of §6, and no socket at the bridge', ()
 
   it('answers 502 when the bridge cannot be reached', async () => {
     const closedPort = await refusingPort();
-    const down = await startTestGateway({ limits: SMALL_LIMITS, env: { ...FAST_ENV, EQT_BRIDGE_URL: `http://127.0.0.1:${closedPort}` } });
+    const down = await startTestGateway({
+      limits: SMALL_LIMITS,
+      env: { ...FAST_ENV, EQT_BRIDGE_URL: `http://127.0.0.1:${closedPort}` },
+    });
     try {
       const answer = await refused(wsUrl(down, '/ws/orders'), { 'X-API-Key': newKey() });
       expect(answer.status).toBe(502);
@@ -556,7 +583,10 @@ describe('refused upgrades: the answers of §6, and no socket at the bridge', ()
 
   it('carries the usage headers on the 502 of a counted upgrade', async () => {
     const closedPort = await refusingPort();
-    const down = await startTestGateway({ limits: SMALL_LIMITS, env: { ...FAST_ENV, EQT_BRIDGE_URL: `http://127.0.0.1:${closedPort}` } });
+    const down = await startTestGateway({
+      limits: SMALL_LIMITS,
+      env: { ...FAST_ENV, EQT_BRIDGE_URL: `http://127.0.0.1:${closedPort}` },
+    });
     try {
       const key = newKey();
       const answer = await refused(wsUrl(down, '/ws/orders'), { 'X-API-Key': key });
@@ -576,7 +606,10 @@ describe('refused upgrades: the answers of §6, and no socket at the bridge', ()
 
   it('answers 504 when the bridge does not answer the upgrade in time, and drops its socket to the bridge', async () => {
     const silent = await startRawBridge({ silent: true });
-    const slow = await startTestGateway({ limits: SMALL_LIMITS, env: { ...FAST_ENV, UPSTREAM_TIMEOUT_MS: '400', EQT_BRIDGE_URL: silent.url } });
+    const slow = await startTestGateway({
+      limits: SMALL_LIMITS,
+      env: { ...FAST_ENV, UPSTREAM_TIMEOUT_MS: '400', EQT_BRIDGE_URL: silent.url },
+    });
     try {
       const started = performance.now();
       const answer = await refused(wsUrl(slow, '/ws/orders'), { 'X-API-Key': newKey() });
@@ -585,7 +618,11 @@ describe('refused upgrades: the answers of §6, and no socket at the bridge', ()
       expect(performance.now() - started).toBeLessThan(2000);
       expect(silent.sockets.length).toBe(1);
       // The upgrade is abandoned: the gateway must not keep a connection to the bridge open for it.
-      await waitFor(() => silent.sockets[0]!.destroyed || silent.sockets[0]!.readableEnded, 2000, 'the gateway to drop its socket to the bridge');
+      await waitFor(
+        () => silent.sockets[0]!.destroyed || silent.sockets[0]!.readableEnded,
+        2000,
+        'the gateway to drop its socket to the bridge',
+      );
     } finally {
       await slow.stop();
       await silent.close();
@@ -733,7 +770,10 @@ describe('open connections', () => {
       }, 300);
     });
     await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
-    const late = await startTestGateway({ limits: LIMITS, env: { ...FAST_ENV, EQT_BRIDGE_URL: `http://127.0.0.1:${(server.address() as AddressInfo).port}` } });
+    const late = await startTestGateway({
+      limits: LIMITS,
+      env: { ...FAST_ENV, EQT_BRIDGE_URL: `http://127.0.0.1:${(server.address() as AddressInfo).port}` },
+    });
     try {
       const ws = new WebSocket(wsUrl(late, '/ws/orders'), { headers: { 'X-API-Key': newKey() } });
       ws.on('error', () => {});
@@ -755,9 +795,17 @@ describe('open connections', () => {
   it('serve 100 connections at once, each echoing its own message', async () => {
     const key = newKey('many');
     const n = 100;
-    const all = await Promise.all(Array.from({ length: n }, () => open(wsUrl(gw, '/ws/orders'), { 'X-API-Key': key }, 10_000)));
+    const all = await Promise.all(
+      Array.from({ length: n }, () => open(wsUrl(gw, '/ws/orders'), { 'X-API-Key': key }, 10_000)),
+    );
     await waitFor(async () => (await gauge(gw)) === n, 5000, `gauge ${n}`);
-    const replies = await Promise.all(all.map(({ ws }, i) => echo(ws, `message ${i} ${randomBytes(6).toString('hex')}-${i}`, false).then((r) => [i, r.data.toString('utf8')] as const)));
+    const replies = await Promise.all(
+      all.map(({ ws }, i) =>
+        echo(ws, `message ${i} ${randomBytes(6).toString('hex')}-${i}`, false).then(
+          (r) => [i, r.data.toString('utf8')] as const,
+        ),
+      ),
+    );
     for (const [i, text] of replies) expect(text).toMatch(new RegExp(`^message ${i} [0-9a-f]{12}-${i}$`));
     // Each connection got its own message back, not another's.
     expect(new Set(replies.map(([, text]) => text)).size).toBe(n);
@@ -785,7 +833,12 @@ describe('shutdown', () => {
       let clientClosedAt = 0;
       void closed.then(() => (clientClosedAt = performance.now()));
       let httpDoneAt = 0;
-      const inFlight = send(down.url, { path: '/orders', headers: { 'X-API-Key': key }, agent: false, timeoutMs: 5000 }).then((r) => {
+      const inFlight = send(down.url, {
+        path: '/orders',
+        headers: { 'X-API-Key': key },
+        agent: false,
+        timeoutMs: 5000,
+      }).then((r) => {
         httpDoneAt = performance.now();
         return r;
       });
@@ -796,7 +849,10 @@ describe('shutdown', () => {
       expect(reply.status).toBe(200);
       expect(reply.json()).toEqual({ slow: true, url: '/orders' });
 
-      expect(await withTimeout(closed, 5000, 'the client to get a Close')).toEqual({ code: 1001, reason: 'gateway shutting down' });
+      expect(await withTimeout(closed, 5000, 'the client to get a Close')).toEqual({
+        code: 1001,
+        reason: 'gateway shutting down',
+      });
       expect(clientClosedAt).toBeGreaterThanOrEqual(httpDoneAt);
       expect((await withTimeout(side.closed, 5000, 'the bridge side to get a Close')).code).toBe(1001);
       await withTimeout(stopping, 8000, 'stop()');
@@ -819,7 +875,11 @@ describe('shutdown', () => {
         events.push('message');
       });
       void closed.then(() => events.push('close'));
-      await waitFor(() => raw.sockets.length === 1 && raw.received.has(raw.sockets[0]!), 3000, 'the raw bridge handshake');
+      await waitFor(
+        () => raw.sockets.length === 1 && raw.received.has(raw.sockets[0]!),
+        3000,
+        'the raw bridge handshake',
+      );
       const bridgeSocket = raw.sockets[0]!;
       const clientSocket = (ws as unknown as { _socket: Socket })._socket;
 
@@ -838,7 +898,10 @@ describe('shutdown', () => {
 
       // The rest of the frame still passes, then the 1001.
       bridgeSocket.write(frame.subarray(half));
-      expect(await withTimeout(closed, 5000, 'the client to get a Close')).toEqual({ code: 1001, reason: 'gateway shutting down' });
+      expect(await withTimeout(closed, 5000, 'the client to get a Close')).toEqual({
+        code: 1001,
+        reason: 'gateway shutting down',
+      });
       expect(events).toEqual(['message', 'close']);
       expect(message?.equals(payload)).toBe(true);
       await withTimeout(stopping, 8000, 'stop()');
@@ -851,7 +914,10 @@ describe('shutdown', () => {
   it('lets go of a connection as soon as both sides have answered the 1001', async () => {
     const echoBridge = await startBridge();
     // The deadline is far: nothing but the connection itself should hold stop() up.
-    const down = await startTestGateway({ limits: LIMITS, env: { ...FAST_ENV, SHUTDOWN_TIMEOUT_MS: '10000', EQT_BRIDGE_URL: echoBridge.url } });
+    const down = await startTestGateway({
+      limits: LIMITS,
+      env: { ...FAST_ENV, SHUTDOWN_TIMEOUT_MS: '10000', EQT_BRIDGE_URL: echoBridge.url },
+    });
     try {
       const { closed } = await open(wsUrl(down, '/ws/orders'), { 'X-API-Key': newKey('release') });
       await waitFor(() => echoBridge.sides.length === 1, 3000, 'the bridge side');

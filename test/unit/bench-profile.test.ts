@@ -11,8 +11,12 @@ describe('bench CPU profile summary', () => {
     expect(partOf({ functionName: 'Readable.pipe', url: 'node:internal/streams/readable' })).toBe('node: streams');
     expect(partOf({ functionName: 'x', url: 'node:internal/url' })).toBe('node: other');
     expect(partOf({ functionName: 'dispatch', url: 'file:///app/node_modules/hono/dist/compose.js' })).toBe('hono');
-    expect(partOf({ functionName: 'x', url: 'file:///app/node_modules/@hono/node-server/dist/index.mjs' })).toBe('@hono/node-server');
-    expect(partOf({ functionName: 'rateLimit', url: 'file:///app/dist/server/middleware/rate-limit.js' })).toBe('gateway: src/server');
+    expect(partOf({ functionName: 'x', url: 'file:///app/node_modules/@hono/node-server/dist/index.mjs' })).toBe(
+      '@hono/node-server',
+    );
+    expect(partOf({ functionName: 'rateLimit', url: 'file:///app/dist/server/middleware/rate-limit.js' })).toBe(
+      'gateway: src/server',
+    );
     expect(partOf({ functionName: 'main', url: 'file:///app/dist/main.js' })).toBe('gateway: src');
   });
 

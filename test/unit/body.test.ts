@@ -2,10 +2,24 @@ import { describe, expect, it } from 'vitest';
 import { credentialsProblem, isJsonMediaType } from '../../src/server/middleware/body.js';
 
 describe('isJsonMediaType', () => {
-  it.each(['application/json', 'Application/JSON', 'application/json; charset=utf-8', 'application/json;charset=UTF-8', 'application/json; charset="utf-8"'])('accepts %s', (t) => {
+  it.each([
+    'application/json',
+    'Application/JSON',
+    'application/json; charset=utf-8',
+    'application/json;charset=UTF-8',
+    'application/json; charset="utf-8"',
+  ])('accepts %s', (t) => {
     expect(isJsonMediaType(t)).toBe(true);
   });
-  it.each([undefined, '', 'text/plain', 'application/json-patch+json', 'application/x-www-form-urlencoded', 'application/json; charset=latin1', 'application/json; boundary=x'])('refuses %s', (t) => {
+  it.each([
+    undefined,
+    '',
+    'text/plain',
+    'application/json-patch+json',
+    'application/x-www-form-urlencoded',
+    'application/json; charset=latin1',
+    'application/json; boundary=x',
+  ])('refuses %s', (t) => {
     expect(isJsonMediaType(t)).toBe(false);
   });
 });
@@ -35,6 +49,10 @@ describe('credentialsProblem', () => {
     expect(credentialsProblem(Buffer.from('{"username":"demo","password":"hunter2"'))).not.toContain('hunter2');
   });
   it('does not count brackets inside strings as nesting', () => {
-    expect(credentialsProblem(Buffer.from(JSON.stringify({ username: '[[[[[[[[[[[[[[[[[[[[', password: '{{{{{{{{{{{{{{{{{{{{"' })))).toBeUndefined();
+    expect(
+      credentialsProblem(
+        Buffer.from(JSON.stringify({ username: '[[[[[[[[[[[[[[[[[[[[', password: '{{{{{{{{{{{{{{{{{{{{"' })),
+      ),
+    ).toBeUndefined();
   });
 });

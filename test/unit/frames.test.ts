@@ -16,7 +16,13 @@ function frame(payloadLength: number, masked: boolean): Buffer {
 
 describe('FrameBoundary', () => {
   it('follows frames of every length encoding, masked or not, however the bytes are split', () => {
-    const stream = Buffer.concat([frame(0, false), frame(5, true), frame(300, false), frame(70_000, true), frame(1, false)]);
+    const stream = Buffer.concat([
+      frame(0, false),
+      frame(5, true),
+      frame(300, false),
+      frame(70_000, true),
+      frame(1, false),
+    ]);
     for (const split of [1, 3, 7, 64, 1000, stream.length]) {
       const tracker = new FrameBoundary();
       for (let i = 0; i < stream.length; i += split) tracker.advance(stream.subarray(i, i + split));

@@ -6,7 +6,13 @@ describe('InvalidKeyGuard (in memory)', () => {
   it('blocks after the allowed attempts and announces the block once, with its length', async () => {
     let now = 1_000_000;
     const announced: Array<[string, number]> = [];
-    const guard = new InvalidKeyGuard({ prefix: 't:', attempts: 2, windowSeconds: 60, now: () => now, onBlock: (a, ms) => announced.push([a, ms]) });
+    const guard = new InvalidKeyGuard({
+      prefix: 't:',
+      attempts: 2,
+      windowSeconds: 60,
+      now: () => now,
+      onBlock: (a, ms) => announced.push([a, ms]),
+    });
     expect(await guard.failed('10.0.0.1')).toBe(0);
     expect(await guard.failed('10.0.0.1')).toBe(0);
     const ms = await guard.failed('10.0.0.1');
@@ -39,10 +45,23 @@ describe('InvalidKeyGuard (in memory)', () => {
 
 describe('gateway events read from the channel', () => {
   it('are taken only when well formed', () => {
-    expect(readEvent('{"type":"address-blocked","address":"10.0.0.1","ms":5000}')).toEqual({ type: 'address-blocked', address: '10.0.0.1', ms: 5000 });
+    expect(readEvent('{"type":"address-blocked","address":"10.0.0.1","ms":5000}')).toEqual({
+      type: 'address-blocked',
+      address: '10.0.0.1',
+      ms: 5000,
+    });
     expect(readEvent('{"type":"usage-reset","keyHash":"abc"}')).toEqual({ type: 'usage-reset', keyHash: 'abc' });
     expect(readEvent('{"type":"keys-changed","extra":1}')).toEqual({ type: 'keys-changed' });
-    for (const bad of ['not json', 'null', '[]', '{"type":"resync"}', '{"type":"address-blocked","address":"x"}', '{"type":"address-blocked","address":1,"ms":5}', `{"type":"address-blocked","address":"${'x'.repeat(300)}","ms":5}`, '{"type":"usage-reset"}']) {
+    for (const bad of [
+      'not json',
+      'null',
+      '[]',
+      '{"type":"resync"}',
+      '{"type":"address-blocked","address":"x"}',
+      '{"type":"address-blocked","address":1,"ms":5}',
+      `{"type":"address-blocked","address":"${'x'.repeat(300)}","ms":5}`,
+      '{"type":"usage-reset"}',
+    ]) {
       expect(readEvent(bad), bad).toBeUndefined();
     }
   });

@@ -12,11 +12,18 @@ const errors = (text: string): string[] => {
 
 describe('the key file', () => {
   it('reads ids, hashes (lower-cased) and plans', () => {
-    const result = parseKeyFile(`keys:\n  - id: acme\n    sha256: ${A}\n    plan: premium\n  - id: beta\n    sha256: ${B}\n`, 'k.yaml', plans);
-    expect(result).toEqual({ ok: true, keys: [
-      { id: 'acme', sha256: A, plan: 'premium', source: 'file' },
-      { id: 'beta', sha256: B.toLowerCase(), plan: undefined, source: 'file' },
-    ] });
+    const result = parseKeyFile(
+      `keys:\n  - id: acme\n    sha256: ${A}\n    plan: premium\n  - id: beta\n    sha256: ${B}\n`,
+      'k.yaml',
+      plans,
+    );
+    expect(result).toEqual({
+      ok: true,
+      keys: [
+        { id: 'acme', sha256: A, plan: 'premium', source: 'file' },
+        { id: 'beta', sha256: B.toLowerCase(), plan: undefined, source: 'file' },
+      ],
+    });
   });
 
   it('accepts an empty file', () => {
@@ -24,10 +31,18 @@ describe('the key file', () => {
   });
 
   it('refuses bad hashes, unknown plans, duplicate ids and hashes, unknown keys, each with its line', () => {
-    expect(errors(`keys:\n  - id: acme\n    sha256: abc\n`)).toEqual(['api-keys.yaml:3:13: row 1 (acme): sha256 must be 64 hex digits (npx oapi-gateway keys hash KEY prints it), got "abc"']);
-    expect(errors(`keys:\n  - id: acme\n    sha256: ${A}\n    plan: gold\n`)).toEqual(['api-keys.yaml:4:11: row 1 (acme): unknown plan "gold" (plans of limits.yaml: premium)']);
-    expect(errors(`keys:\n  - id: acme\n    sha256: ${A}\n  - id: acme\n    sha256: ${B}\n`)).toEqual(['api-keys.yaml:4:9: row 2 (acme): id "acme" is already used by entry 1']);
-    expect(errors(`keys:\n  - id: acme\n    sha256: ${A}\n  - id: beta\n    sha256: ${A.toUpperCase()}\n`)).toEqual(['api-keys.yaml:5:13: row 2 (beta): this sha256 is already used by entry 1']);
+    expect(errors(`keys:\n  - id: acme\n    sha256: abc\n`)).toEqual([
+      'api-keys.yaml:3:13: row 1 (acme): sha256 must be 64 hex digits (npx oapi-gateway keys hash KEY prints it), got "abc"',
+    ]);
+    expect(errors(`keys:\n  - id: acme\n    sha256: ${A}\n    plan: gold\n`)).toEqual([
+      'api-keys.yaml:4:11: row 1 (acme): unknown plan "gold" (plans of limits.yaml: premium)',
+    ]);
+    expect(errors(`keys:\n  - id: acme\n    sha256: ${A}\n  - id: acme\n    sha256: ${B}\n`)).toEqual([
+      'api-keys.yaml:4:9: row 2 (acme): id "acme" is already used by entry 1',
+    ]);
+    expect(errors(`keys:\n  - id: acme\n    sha256: ${A}\n  - id: beta\n    sha256: ${A.toUpperCase()}\n`)).toEqual([
+      'api-keys.yaml:5:13: row 2 (beta): this sha256 is already used by entry 1',
+    ]);
     expect(errors(`keys:\n  - id: acme\n    key: secret\n`)).toEqual([
       'api-keys.yaml:2:5: row 1 (acme): missing "sha256"',
       'api-keys.yaml:3:5: row 1 (acme): unknown key "key" (expected one of id, sha256, plan)',

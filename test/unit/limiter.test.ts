@@ -4,7 +4,13 @@ import type { LimitRow, LimitTable } from '../../src/config/limit-table.js';
 import { rateLimitHeaders, retryAfterHeader } from '../../src/limits/headers.js';
 import { Limiter, type Decision, type FailureMode } from '../../src/limits/limiter.js';
 import { MemoryCounterStore } from '../../src/limits/memory-store.js';
-import { MergeFailedError, StoreUnavailableError, type ConsumeRequest, type CounterStore, type Counts } from '../../src/limits/store.js';
+import {
+  MergeFailedError,
+  StoreUnavailableError,
+  type ConsumeRequest,
+  type CounterStore,
+  type Counts,
+} from '../../src/limits/store.js';
 import { FakeClock } from '../helpers/clock.js';
 
 const TABLE = `
@@ -54,8 +60,10 @@ describe('Limiter', () => {
   let small: LimitRow;
   let shadow: LimitRow;
 
-  const make = (failureMode: FailureMode = 'insurance') => new Limiter({ store, insurance, failureMode, clock, retryStoreAfterMs: 1000 });
-  const check = (limiter: Limiter, row: LimitRow, keyHash = 'key') => limiter.check({ keyHash, row, limits: row.limits, calendar: t.calendar });
+  const make = (failureMode: FailureMode = 'insurance') =>
+    new Limiter({ store, insurance, failureMode, clock, retryStoreAfterMs: 1000 });
+  const check = (limiter: Limiter, row: LimitRow, keyHash = 'key') =>
+    limiter.check({ keyHash, row, limits: row.limits, calendar: t.calendar });
 
   beforeEach(() => {
     clock = new FakeClock('2026-11-22T10:15:00Z');
@@ -67,9 +75,19 @@ describe('Limiter', () => {
 
   it('admits up to the hour limit, then refuses with the hour spent', async () => {
     const limiter = make();
-    for (let i = 1; i <= 3; i++) expect(counted(await check(limiter, small))).toMatchObject({ allowed: true, hour: { used: i, remaining: 3 - i }, day: { used: i } });
+    for (let i = 1; i <= 3; i++)
+      expect(counted(await check(limiter, small))).toMatchObject({
+        allowed: true,
+        hour: { used: i, remaining: 3 - i },
+        day: { used: i },
+      });
     const refused = counted(await check(limiter, small));
-    expect(refused).toMatchObject({ allowed: false, spent: 'hour', hour: { remaining: 0 }, day: { used: 3, remaining: 2 } });
+    expect(refused).toMatchObject({
+      allowed: false,
+      spent: 'hour',
+      hour: { remaining: 0 },
+      day: { used: 3, remaining: 2 },
+    });
     expect(retryAfterHeader(refused, clock.now())).toEqual(['Retry-After', String(45 * 60)]);
   });
 
@@ -77,10 +95,16 @@ describe('Limiter', () => {
     const limiter = make();
     for (let i = 0; i < 4; i++) await check(limiter, small);
     const callsAfterFirstRefusal = store.calls;
-    for (let i = 0; i < 50; i++) expect(counted(await check(limiter, small))).toMatchObject({ allowed: false, source: 'cache', day: { used: 3 } });
+    for (let i = 0; i < 50; i++)
+      expect(counted(await check(limiter, small))).toMatchObject({ allowed: false, source: 'cache', day: { used: 3 } });
     expect(store.calls).toBe(callsAfterFirstRefusal);
     clock.set('2026-11-22T11:00:00Z');
-    expect(counted(await check(limiter, small))).toMatchObject({ allowed: true, source: 'store', hour: { used: 1 }, day: { used: 4 } });
+    expect(counted(await check(limiter, small))).toMatchObject({
+      allowed: true,
+      source: 'store',
+      hour: { used: 1 },
+      day: { used: 4 },
+    });
   });
 
   it('reports a spent day, with Retry-After until the day ends, and an hour of 0 used in later hours', async () => {
@@ -125,7 +149,9 @@ describe('Limiter', () => {
     for (let i = 0; i < 4; i++) await check(limiter, small);
     expect(counted(await check(limiter, small))).toMatchObject({ allowed: false, source: 'cache' });
     const premium = { perHour: 15, perDay: 25 };
-    const upgraded = counted(await limiter.check({ keyHash: 'key', row: small, limits: premium, calendar: t.calendar }));
+    const upgraded = counted(
+      await limiter.check({ keyHash: 'key', row: small, limits: premium, calendar: t.calendar }),
+    );
     expect(upgraded).toMatchObject({ allowed: true, source: 'store', hour: { limit: 15, used: 4, remaining: 11 } });
   });
 
@@ -135,7 +161,11 @@ describe('Limiter', () => {
     for (let i = 0; i < 3; i++) await check(limiter, small);
     expect(counted(await check(limiter, small))).toMatchObject({ allowed: false, source: 'insurance' });
     await limiter.forgetKey('key', [small]);
-    expect(counted(await check(limiter, small))).toMatchObject({ allowed: true, source: 'insurance', hour: { used: 1 } });
+    expect(counted(await check(limiter, small))).toMatchObject({
+      allowed: true,
+      source: 'insurance',
+      hour: { used: 1 },
+    });
   });
 
   it('keeps counting in the insurance store while the store is away, and goes back when it returns', async () => {
@@ -159,7 +189,8 @@ describe('Limiter', () => {
     const limiter = make('insurance');
     await check(limiter, small); // 1 in the store
     store.failing = new StoreUnavailableError('connection', 'down');
-    for (let i = 0; i < 2; i++) expect(counted(await check(limiter, small))).toMatchObject({ allowed: true, source: 'insurance' });
+    for (let i = 0; i < 2; i++)
+      expect(counted(await check(limiter, small))).toMatchObject({ allowed: true, source: 'insurance' });
     await check(limiter, shadow, 'other'); // a shadow row's units count too
     expect(store.merges).toEqual([]); // nothing is sent while the store is away
 
@@ -171,7 +202,14 @@ describe('Limiter', () => {
     expect(store.merges).toHaveLength(1);
     const windows = t.calendar.at(clock.now());
     expect(store.merges[0]).toEqual([
-      expect.objectContaining({ keyHash: 'key', counterId: small.counterId, hourStart: windows.hourStart / 1000, hour: 2, dayStart: windows.dayStart / 1000, day: 2 }),
+      expect.objectContaining({
+        keyHash: 'key',
+        counterId: small.counterId,
+        hourStart: windows.hourStart / 1000,
+        hour: 2,
+        dayStart: windows.dayStart / 1000,
+        day: 2,
+      }),
       expect.objectContaining({ keyHash: 'other', counterId: shadow.counterId, hour: 1, day: 1 }),
     ]);
     // The store now holds every admission: 4 of 3 used, so the next request is refused.
@@ -214,7 +252,10 @@ describe('Limiter', () => {
     store.merge = async (entries) => {
       store.merges.push(entries);
       // The first wave failed: 'a' may be in, 'b' was never sent.
-      throw new MergeFailedError(new StoreUnavailableError('connection', 'down'), entries.filter((e) => e.keyHash === 'b'));
+      throw new MergeFailedError(
+        new StoreUnavailableError('connection', 'down'),
+        entries.filter((e) => e.keyHash === 'b'),
+      );
     };
     await check(limiter, small, 'c');
     await limiter.merged();
@@ -228,7 +269,12 @@ describe('Limiter', () => {
     await check(limiter, small, 'e');
     await limiter.merged();
     expect(store.merges).toHaveLength(2);
-    expect(store.merges[1]).toEqual(expect.arrayContaining([expect.objectContaining({ keyHash: 'b', hour: 2, day: 2 }), expect.objectContaining({ keyHash: 'd', hour: 1 })]));
+    expect(store.merges[1]).toEqual(
+      expect.arrayContaining([
+        expect.objectContaining({ keyHash: 'b', hour: 2, day: 2 }),
+        expect.objectContaining({ keyHash: 'd', hour: 1 }),
+      ]),
+    );
     expect(store.merges[1]?.some((e) => e.keyHash === 'a')).toBe(false);
   });
 
@@ -260,7 +306,11 @@ describe('Limiter', () => {
     await resetting;
     expect(order).toEqual(['merge', 'reset']);
     const windows = t.calendar.at(clock.now());
-    expect(await store.usage('key', [{ counterId: small.counterId, hourStart: windows.hourStart / 1000, dayStart: windows.dayStart / 1000 }])).toEqual([{ hour: 0, day: 0 }]);
+    expect(
+      await store.usage('key', [
+        { counterId: small.counterId, hourStart: windows.hourStart / 1000, dayStart: windows.dayStart / 1000 },
+      ]),
+    ).toEqual([{ hour: 0, day: 0 }]);
   });
 
   it('admits without counting in open mode, and answers unavailable in closed mode', async () => {

@@ -41,8 +41,15 @@ describe('the shipped limits.yaml', () => {
     const result = await readLimitsFile('limits.yaml');
     if (!result.ok) throw new Error('invalid');
     const auth = result.table.rows[0];
-    expect(auth?.also.map((r) => r.text)).toEqual(['POST /oapi/auth/gen-secret-key/underlying', 'POST /oapi/auth/gen-secret-key/derivative']);
-    for (const path of [['oapi', 'auth', 'gen-secret-key', 'underlying'], ['oapi', 'auth', 'gen-secret-key', 'derivative'], ['auth', 'token']]) {
+    expect(auth?.also.map((r) => r.text)).toEqual([
+      'POST /oapi/auth/gen-secret-key/underlying',
+      'POST /oapi/auth/gen-secret-key/derivative',
+    ]);
+    for (const path of [
+      ['oapi', 'auth', 'gen-secret-key', 'underlying'],
+      ['oapi', 'auth', 'gen-secret-key', 'derivative'],
+      ['auth', 'token'],
+    ]) {
       const match = result.table.matcher.match('POST', path);
       expect(match.kind === 'match' && match.entry.value).toBe(auth);
     }
@@ -62,7 +69,9 @@ describe('the shipped limits.yaml', () => {
 });
 
 describe('an invalid table', () => {
-  const names = readdirSync(fixtures).filter((f) => f.endsWith('.yaml')).sort();
+  const names = readdirSync(fixtures)
+    .filter((f) => f.endsWith('.yaml'))
+    .sort();
 
   it('has a fixture for every rule of INTERFACE §4', () => {
     expect(names.length).toBeGreaterThanOrEqual(20);
@@ -70,7 +79,9 @@ describe('an invalid table', () => {
 
   it.each(names)('%s is refused with its row and line', (name) => {
     const text = readFileSync(new URL(name, fixtures), 'utf8');
-    const expected = readFileSync(new URL(name.replace(/\.yaml$/, '.errors'), fixtures), 'utf8').trimEnd().split('\n');
+    const expected = readFileSync(new URL(name.replace(/\.yaml$/, '.errors'), fixtures), 'utf8')
+      .trimEnd()
+      .split('\n');
     const result = parseLimits(text, name);
     expect(result.ok).toBe(false);
     if (!result.ok) expect(result.errors.map(formatSourceError)).toEqual(expected);
@@ -85,14 +96,20 @@ describe('an invalid table', () => {
 describe('a valid table', () => {
   it('keeps a row identity that survives renaming the row, its parameter and its numbers', () => {
     const a = parseLimits('limits:\n  - {name: A, route: "GET /orders/{id}", per_hour: 1, per_day: 2}\n', 'a.yaml');
-    const b = parseLimits('limits:\n  - {name: B, route: "GET /orders/{orderId}", per_hour: 10, per_day: 20}\n', 'b.yaml');
+    const b = parseLimits(
+      'limits:\n  - {name: B, route: "GET /orders/{orderId}", per_hour: 10, per_day: 20}\n',
+      'b.yaml',
+    );
     if (!a.ok || !b.ok) throw new Error('invalid');
     expect(a.table.rows[0]?.counterId).toBe(b.table.rows[0]?.counterId);
     expect(a.table.hash).not.toBe(b.table.hash);
   });
 
   it('defaults the timezone to UTC and reads shadow rows', () => {
-    const result = parseLimits('limits:\n  - {name: A, route: "GET /a", per_hour: 1, per_day: 2, shadow: true}\n', 'a.yaml');
+    const result = parseLimits(
+      'limits:\n  - {name: A, route: "GET /a", per_hour: 1, per_day: 2, shadow: true}\n',
+      'a.yaml',
+    );
     if (!result.ok) throw new Error('invalid');
     expect(result.table.timezone).toBe('UTC');
     expect(result.table.rows[0]?.shadow).toBe(true);

@@ -41,21 +41,40 @@ describe('parseRoute', () => {
 });
 
 describe('RouteMatcher', () => {
-  const m = matcherOf('GET /orders', 'POST /orders', 'GET /orders/{id}', 'PUT /orders/{id}', 'DELETE /orders/{id}', 'GET /accounts/{id}', 'GET /accounts/{id}/balance', 'GET /accounts/me', 'WS /ws/orders');
+  const m = matcherOf(
+    'GET /orders',
+    'POST /orders',
+    'GET /orders/{id}',
+    'PUT /orders/{id}',
+    'DELETE /orders/{id}',
+    'GET /accounts/{id}',
+    'GET /accounts/{id}/balance',
+    'GET /accounts/me',
+    'WS /ws/orders',
+  );
 
   it('matches literal and parameter segments', () => {
     expect(m.match('GET', segs('/orders'))).toMatchObject({ kind: 'match', entry: { value: 'GET /orders' } });
     expect(m.match('GET', segs('/orders/42'))).toMatchObject({ kind: 'match', entry: { value: 'GET /orders/{id}' } });
-    expect(m.match('DELETE', segs('/orders/42'))).toMatchObject({ kind: 'match', entry: { value: 'DELETE /orders/{id}' } });
+    expect(m.match('DELETE', segs('/orders/42'))).toMatchObject({
+      kind: 'match',
+      entry: { value: 'DELETE /orders/{id}' },
+    });
   });
 
   it('lets a literal segment win over a parameter', () => {
     expect(m.match('GET', segs('/accounts/me'))).toMatchObject({ kind: 'match', entry: { value: 'GET /accounts/me' } });
-    expect(m.match('GET', segs('/accounts/7'))).toMatchObject({ kind: 'match', entry: { value: 'GET /accounts/{id}' } });
+    expect(m.match('GET', segs('/accounts/7'))).toMatchObject({
+      kind: 'match',
+      entry: { value: 'GET /accounts/{id}' },
+    });
   });
 
   it('falls back to the parameter branch when the literal one has no route for the rest', () => {
-    expect(m.match('GET', segs('/accounts/me/balance'))).toMatchObject({ kind: 'match', entry: { value: 'GET /accounts/{id}/balance' } });
+    expect(m.match('GET', segs('/accounts/me/balance'))).toMatchObject({
+      kind: 'match',
+      entry: { value: 'GET /accounts/{id}/balance' },
+    });
   });
 
   it('a parameter takes exactly one segment', () => {
@@ -64,7 +83,10 @@ describe('RouteMatcher', () => {
   });
 
   it('answers method-not-allowed with every method the path has', () => {
-    expect(m.match('PATCH', segs('/orders/1'))).toEqual({ kind: 'method-not-allowed', allow: ['GET', 'PUT', 'DELETE'] });
+    expect(m.match('PATCH', segs('/orders/1'))).toEqual({
+      kind: 'method-not-allowed',
+      allow: ['GET', 'PUT', 'DELETE'],
+    });
     expect(m.match('GET', segs('/ws/orders'))).toEqual({ kind: 'method-not-allowed', allow: ['WS'] });
     expect(m.match('WS', segs('/orders'))).toEqual({ kind: 'method-not-allowed', allow: ['GET', 'POST'] });
   });

@@ -29,7 +29,15 @@ const table = parseLimits(
 if (!table.ok) throw new Error('invalid');
 
 function app(mode: 'any' | 'registered' = 'any') {
-  const settings = loadSettings({ env: { EQT_BRIDGE_URL: 'http://127.0.0.1:9', FNO_BRIDGE_URL: 'http://127.0.0.1:9', API_KEY_MODE: mode, MAX_BODY_BYTES: '100' }, cwd: '/nonexistent' });
+  const settings = loadSettings({
+    env: {
+      EQT_BRIDGE_URL: 'http://127.0.0.1:9',
+      FNO_BRIDGE_URL: 'http://127.0.0.1:9',
+      API_KEY_MODE: mode,
+      MAX_BODY_BYTES: '100',
+    },
+    cwd: '/nonexistent',
+  });
   const metrics = new GatewayMetrics({ defaultMetrics: false });
   const limiter = new Limiter({ store: new MemoryCounterStore(), failureMode: 'closed' });
   return createPublicApp({
@@ -41,7 +49,7 @@ function app(mode: 'any' | 'registered' = 'any') {
     forwarder: new Forwarder({ bridges: settings.bridges, timeoutMs: 100 }),
     websockets: new WebSocketConnections(metrics),
     metrics,
-    logger: createLogger('silent', new Writable({ write: (_c, _e, cb) => cb() }) as never),
+    logger: createLogger('silent', new Writable({ write: (_c, _e, cb) => cb() })),
   });
 }
 
@@ -70,7 +78,8 @@ describe('the public app, in-process', () => {
 
   it('counts before the body checks: 415 and 400 use the window', async () => {
     const a = app();
-    const post = (headers: Record<string, string>, body: string) => a.request('/oapi/auth/gen-secret-key/underlying', { method: 'POST', headers: { ...key, ...headers }, body });
+    const post = (headers: Record<string, string>, body: string) =>
+      a.request('/oapi/auth/gen-secret-key/underlying', { method: 'POST', headers: { ...key, ...headers }, body });
     const unsupported = await post({ 'Content-Type': 'text/plain' }, '{}');
     expect(unsupported.status).toBe(415);
     expect(unsupported.headers.get('x-ratelimit-remaining-hour')).toBe('1');
@@ -83,7 +92,11 @@ describe('the public app, in-process', () => {
   });
 
   it('answers 413 from Content-Length before reading the body', async () => {
-    const reply = await app().request('/oapi/auth/gen-secret-key/underlying', { method: 'POST', headers: { ...key, 'Content-Type': 'application/json', 'Content-Length': '101' }, body: 'x'.repeat(101) });
+    const reply = await app().request('/oapi/auth/gen-secret-key/underlying', {
+      method: 'POST',
+      headers: { ...key, 'Content-Type': 'application/json', 'Content-Length': '101' },
+      body: 'x'.repeat(101),
+    });
     expect(reply.status).toBe(413);
     expect(reply.headers.get('connection')).toBe('close');
   });

@@ -41,52 +41,89 @@ describe('settings', () => {
 
   it.each([
     [{}, 'EQT_BRIDGE_URL is not set: the base URL of the eqt bridge is required, e.g. http://127.0.0.1:7001'],
-    [{ EQT_BRIDGE_URL: 'http://a:1' }, 'FNO_BRIDGE_URL is not set: the base URL of the fno bridge is required, e.g. http://127.0.0.1:7001'],
+    [
+      { EQT_BRIDGE_URL: 'http://a:1' },
+      'FNO_BRIDGE_URL is not set: the base URL of the fno bridge is required, e.g. http://127.0.0.1:7001',
+    ],
     [{ ...BRIDGES, PORT: '99999' }, 'PORT=99999: must be a port number (0-65535)'],
     [{ ...BRIDGES, PORT: 'eighty' }, 'PORT=eighty: must be a port number (0-65535)'],
     [{ ...BRIDGES, ADMIN_PORT: '-1' }, 'ADMIN_PORT=-1: must be a port number (0-65535)'],
     [{ ...BRIDGES, REDIS_FAILURE_MODE: 'maybe' }, 'REDIS_FAILURE_MODE=maybe: must be one of insurance, open, closed'],
-    [{ ...BRIDGES, REDIS_URL: 'http://127.0.0.1:6379' }, 'REDIS_URL=http://127.0.0.1:6379: must be a redis:// or rediss:// URL'],
-    [{ ...BRIDGES, REDIS_URL: 'redis://user:secret@127.0.0.1:6379', REDIS_CLUSTER_NODES: '127.0.0.1:7000' }, 'REDIS_URL and REDIS_CLUSTER_NODES are both set: choose one'],
+    [
+      { ...BRIDGES, REDIS_URL: 'http://127.0.0.1:6379' },
+      'REDIS_URL=http://127.0.0.1:6379: must be a redis:// or rediss:// URL',
+    ],
+    [
+      { ...BRIDGES, REDIS_URL: 'redis://user:secret@127.0.0.1:6379', REDIS_CLUSTER_NODES: '127.0.0.1:7000' },
+      'REDIS_URL and REDIS_CLUSTER_NODES are both set: choose one',
+    ],
     [{ ...BRIDGES, REDIS_CLUSTER_NODES: '127.0.0.1' }, 'REDIS_CLUSTER_NODES=127.0.0.1: "127.0.0.1" is not host:port'],
     [{ ...BRIDGES, EQT_BRIDGE_URL: 'not a url' }, 'EQT_BRIDGE_URL=not a url: must be an http:// or https:// URL'],
     [{ ...BRIDGES, FNO_BRIDGE_URL: 'ftp://x' }, 'FNO_BRIDGE_URL=ftp://x: must be an http:// or https:// URL'],
     [{ ...BRIDGES, UPSTREAM_TIMEOUT_MS: '0' }, 'UPSTREAM_TIMEOUT_MS=0: must be milliseconds (1-600000)'],
     [{ ...BRIDGES, API_KEY_HEADER: 'X API Key' }, 'API_KEY_HEADER=X API Key: must be an HTTP header name'],
-    [{ ...BRIDGES, API_KEY_HEADER: 'Authorization' }, 'API_KEY_HEADER=Authorization: that header has another meaning; choose a header of its own, such as X-API-Key'],
+    [
+      { ...BRIDGES, API_KEY_HEADER: 'Authorization' },
+      'API_KEY_HEADER=Authorization: that header has another meaning; choose a header of its own, such as X-API-Key',
+    ],
     [{ ...BRIDGES, MAX_BODY_BYTES: '1.5' }, 'MAX_BODY_BYTES=1.5: must be a byte count (0-1073741824)'],
-    [{ ...BRIDGES, LOG_LEVEL: 'verbose' }, 'LOG_LEVEL=verbose: must be one of fatal, error, warn, info, debug, trace, silent'],
+    [
+      { ...BRIDGES, LOG_LEVEL: 'verbose' },
+      'LOG_LEVEL=verbose: must be one of fatal, error, warn, info, debug, trace, silent',
+    ],
     [{ ...BRIDGES, WORKERS: '0' }, 'WORKERS=0: must be a process count (1-64)'],
-    [{ ...BRIDGES, WORKERS: '4' }, 'WORKERS=4: several processes must share their counters, so REDIS_URL or REDIS_CLUSTER_NODES is required'],
+    [
+      { ...BRIDGES, WORKERS: '4' },
+      'WORKERS=4: several processes must share their counters, so REDIS_URL or REDIS_CLUSTER_NODES is required',
+    ],
     [{ ...BRIDGES, API_KEY_MODE: 'open' }, 'API_KEY_MODE=open: must be one of registered, any'],
     [{ ...BRIDGES, API_KEYS_FILE: 'nope.yaml' }, 'API_KEYS_FILE=nope.yaml: file not found'],
     [{ ...BRIDGES, ADMIN_TOKEN: 'short' }, 'ADMIN_TOKEN=…: must be at least 16 characters'],
   ])('refuses %j with one line naming the variable', (env, expected) => {
-    const text = message(env as Record<string, string>);
+    const text = message(env);
     expect(text).toBe(expected);
     expect(text).not.toContain('\n');
   });
 
   it('never gives the headers longer than the whole request (regression: REQUEST_TIMEOUT_MS under 10000 alone crashed start-up)', () => {
-    expect(load({ ...BRIDGES, REQUEST_TIMEOUT_MS: '1000' })).toMatchObject({ requestTimeoutMs: 1000, headersTimeoutMs: 1000 });
-    expect(load({ ...BRIDGES, REQUEST_TIMEOUT_MS: '1000', HEADERS_TIMEOUT_MS: '400' })).toMatchObject({ requestTimeoutMs: 1000, headersTimeoutMs: 400 });
+    expect(load({ ...BRIDGES, REQUEST_TIMEOUT_MS: '1000' })).toMatchObject({
+      requestTimeoutMs: 1000,
+      headersTimeoutMs: 1000,
+    });
+    expect(load({ ...BRIDGES, REQUEST_TIMEOUT_MS: '1000', HEADERS_TIMEOUT_MS: '400' })).toMatchObject({
+      requestTimeoutMs: 1000,
+      headersTimeoutMs: 400,
+    });
   });
 
   it('never repeats a secret in an error', () => {
     expect(message({ ...BRIDGES, ADMIN_TOKEN: 'tiny' })).not.toContain('tiny');
-    expect(message({ ...BRIDGES, REDIS_URL: 'redis://u:hunter2@h:1', REDIS_CLUSTER_NODES: 'h:1' })).not.toContain('hunter2');
-    expect(message({ ...BRIDGES, REDIS_URL: 'http://u:hunter2@h:1' })).toBe('REDIS_URL=http://…@h:1: must be a redis:// or rediss:// URL');
-    expect(message({ ...BRIDGES, EQT_BRIDGE_URL: 'http://svc:hunter2@eqt:8000' })).toBe('EQT_BRIDGE_URL=http://…@eqt:8000: must not carry credentials');
+    expect(message({ ...BRIDGES, REDIS_URL: 'redis://u:hunter2@h:1', REDIS_CLUSTER_NODES: 'h:1' })).not.toContain(
+      'hunter2',
+    );
+    expect(message({ ...BRIDGES, REDIS_URL: 'http://u:hunter2@h:1' })).toBe(
+      'REDIS_URL=http://…@h:1: must be a redis:// or rediss:// URL',
+    );
+    expect(message({ ...BRIDGES, EQT_BRIDGE_URL: 'http://svc:hunter2@eqt:8000' })).toBe(
+      'EQT_BRIDGE_URL=http://…@eqt:8000: must not carry credentials',
+    );
     const dir = mkdtempSync(join(tmpdir(), 'oapi-settings-'));
     writeFileSync(join(dir, 'gw.yaml'), 'admin_token: shortsecret\n');
-    expect(() => loadSettings({ env: BRIDGES, cwd: dir, configFile: 'gw.yaml' })).toThrow(/^gw\.yaml:1:14: admin_token must be at least 16 characters$/);
+    expect(() => loadSettings({ env: BRIDGES, cwd: dir, configFile: 'gw.yaml' })).toThrow(
+      /^gw\.yaml:1:14: admin_token must be at least 16 characters$/,
+    );
     writeFileSync(join(dir, 'gw.yaml'), 'redis_url: "http://u:hunter2@h:1"\n');
-    expect(() => loadSettings({ env: BRIDGES, cwd: dir, configFile: 'gw.yaml' })).toThrow(/^gw\.yaml:1:12: redis_url must be a redis:\/\/ or rediss:\/\/ URL$/);
+    expect(() => loadSettings({ env: BRIDGES, cwd: dir, configFile: 'gw.yaml' })).toThrow(
+      /^gw\.yaml:1:12: redis_url must be a redis:\/\/ or rediss:\/\/ URL$/,
+    );
   });
 
   it('reads config/gateway.yaml, and the environment overrides it', () => {
     const dir = mkdtempSync(join(tmpdir(), 'oapi-settings-'));
-    writeFileSync(join(dir, 'gw.yaml'), 'port: 7000\nupstream_timeout_ms: 2500\nrouting:\n  default: fno\n  routes:\n    GET /orders: eqt\n');
+    writeFileSync(
+      join(dir, 'gw.yaml'),
+      'port: 7000\nupstream_timeout_ms: 2500\nrouting:\n  default: fno\n  routes:\n    GET /orders: eqt\n',
+    );
     const s = loadSettings({ env: { ...BRIDGES, PORT: '7100' }, cwd: dir, configFile: 'gw.yaml' });
     expect(s.port).toBe(7100);
     expect(s.upstreamTimeoutMs).toBe(2500);
@@ -97,16 +134,24 @@ describe('settings', () => {
   it('names the file, line and key of a bad setting in gateway.yaml', () => {
     const dir = mkdtempSync(join(tmpdir(), 'oapi-settings-'));
     writeFileSync(join(dir, 'gw.yaml'), 'port: 8080\nredis_failure_mode: sometimes\n');
-    expect(() => loadSettings({ env: BRIDGES, cwd: dir, configFile: 'gw.yaml' })).toThrow('gw.yaml:2:21: redis_failure_mode must be one of insurance, open, closed, got "sometimes"');
+    expect(() => loadSettings({ env: BRIDGES, cwd: dir, configFile: 'gw.yaml' })).toThrow(
+      'gw.yaml:2:21: redis_failure_mode must be one of insurance, open, closed, got "sometimes"',
+    );
     writeFileSync(join(dir, 'gw.yaml'), 'prot: 8080\n');
-    expect(() => loadSettings({ env: BRIDGES, cwd: dir, configFile: 'gw.yaml' })).toThrow('gw.yaml:1:1: unknown setting "prot"');
+    expect(() => loadSettings({ env: BRIDGES, cwd: dir, configFile: 'gw.yaml' })).toThrow(
+      'gw.yaml:1:1: unknown setting "prot"',
+    );
     writeFileSync(join(dir, 'gw.yaml'), 'routing:\n  routes:\n    GET /orders: xyz\n');
-    expect(() => loadSettings({ env: BRIDGES, cwd: dir, configFile: 'gw.yaml' })).toThrow('gw.yaml:3:18: a bridge is eqt or fno, got "xyz"');
+    expect(() => loadSettings({ env: BRIDGES, cwd: dir, configFile: 'gw.yaml' })).toThrow(
+      'gw.yaml:3:18: a bridge is eqt or fno, got "xyz"',
+    );
   });
 
   it('ships a config/gateway.yaml that loads', () => {
     const s = loadSettings({ env: BRIDGES, cwd: process.cwd() });
-    expect(s.credentialRoutes).toEqual(new Set(['POST /oapi/auth/gen-secret-key/underlying', 'POST /oapi/auth/gen-secret-key/derivative']));
+    expect(s.credentialRoutes).toEqual(
+      new Set(['POST /oapi/auth/gen-secret-key/underlying', 'POST /oapi/auth/gen-secret-key/derivative']),
+    );
     expect(s.routing.routes.get('POST /oapi/auth/gen-secret-key/derivative')).toBe('fno');
   });
 });

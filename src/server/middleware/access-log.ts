@@ -38,7 +38,16 @@ export function accessLog(options: { logger: Logger; metrics: GatewayMetrics }):
         bridge: forwarded ? endpoint?.bridge : undefined,
         key: client ? shortKeyHash(client.keyHash) : undefined,
         keyId: client?.keyId,
-        limit: decision === undefined ? undefined : decision.kind !== 'counted' ? decision.kind : decision.allowed ? (decision.spent ? 'shadow-over' : 'allowed') : 'refused',
+        limit:
+          decision === undefined
+            ? undefined
+            : decision.kind !== 'counted'
+              ? decision.kind
+              : decision.allowed
+                ? decision.spent
+                  ? 'shadow-over'
+                  : 'allowed'
+                : 'refused',
         spent: decision?.kind === 'counted' ? decision.spent : undefined,
         counter: decision?.kind === 'counted' && decision.source !== 'store' ? decision.source : undefined,
       },

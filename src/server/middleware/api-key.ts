@@ -80,6 +80,9 @@ export function apiKeyFromQuery(target: string): string | undefined {
 export function withoutApiKey(query: string): string {
   if (query.length <= 1) return query;
   // Each part's name decoded as URLSearchParams decodes it, so that every spelling apiKeyFromQuery accepts is removed.
-  const kept = query.slice(1).split('&').filter((part) => new URLSearchParams(part).keys().next().value !== 'api_key');
+  const kept = query
+    .slice(1)
+    .split('&')
+    .filter((part) => new URLSearchParams(part).keys().next().value !== 'api_key');
   return kept.length ? '?' + kept.join('&') : '';
 }

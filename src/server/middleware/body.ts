@@ -25,16 +25,21 @@ export interface BodyOptions {
 
 export function bodyRules(options: BodyOptions): MiddlewareHandler<GatewayEnv> {
   const { maxBodyBytes, credentialRoutes } = options;
-  const tooLarge = (c: Context<GatewayEnv>): Response => answer(c, 413, `Request body is larger than ${maxBodyBytes} bytes`, [['Connection', 'close']]);
+  const tooLarge = (c: Context<GatewayEnv>): Response =>
+    answer(c, 413, `Request body is larger than ${maxBodyBytes} bytes`, [['Connection', 'close']]);
 
   return async function bodyRules(c, next) {
     const length = requestHeader(c, 'content-length');
     if (length !== undefined && Number(length) > maxBodyBytes) return tooLarge(c);
 
     if (credentialRoutes.has(c.get('endpoint').route.key)) {
-      if (!isJsonMediaType(requestHeader(c, 'content-type'))) return answer(c, 415, 'Content-Type must be application/json');
+      if (!isJsonMediaType(requestHeader(c, 'content-type')))
+        return answer(c, 415, 'Content-Type must be application/json');
       const body = await readBody(c, Math.min(maxBodyBytes, MAX_CREDENTIALS_BYTES));
-      if (body === 'too-large') return maxBodyBytes <= MAX_CREDENTIALS_BYTES ? tooLarge(c) : answer(c, 400, 'Credentials body is too large', [['Connection', 'close']]);
+      if (body === 'too-large')
+        return maxBodyBytes <= MAX_CREDENTIALS_BYTES
+          ? tooLarge(c)
+          : answer(c, 400, 'Credentials body is too large', [['Connection', 'close']]);
       if (body === 'aborted') return answer(c, 400, 'Request body was not received');
       const problem = credentialsProblem(body);
       if (problem) return answer(c, 400, problem);
@@ -85,7 +90,8 @@ function jsonDepth(text: string): number {
   for (let i = 0; i < text.length; i++) {
     const ch = text.charCodeAt(i);
     if (inString) {
-      if (ch === 92) i++; // backslash: skip the escaped character
+      if (ch === 92)
+        i++; // backslash: skip the escaped character
       else if (ch === 34) inString = false;
     } else if (ch === 34) inString = true;
     else if (ch === 123 || ch === 91) max = Math.max(max, ++depth);

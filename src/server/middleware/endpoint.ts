@@ -29,13 +29,22 @@ export function matchEndpoint(options: EndpointOptions): MiddlewareHandler<Gatew
       const allow = match.allow.filter((m) => m !== 'WS');
       if (allow.length === 0) {
         // RFC 9110 §15.5.22: the resource needs an upgrade to another protocol.
-        return answer(c, 426, 'This endpoint is a WebSocket: connect with Upgrade: websocket', [['Upgrade', 'websocket'], ['Connection', 'Upgrade']]);
+        return answer(c, 426, 'This endpoint is a WebSocket: connect with Upgrade: websocket', [
+          ['Upgrade', 'websocket'],
+          ['Connection', 'Upgrade'],
+        ]);
       }
       return answer(c, 405, 'Method not allowed for this endpoint', [['Allow', allow.join(', ')]]);
     }
     const { route, value: row } = match.entry;
     c.set('table', table);
-    c.set('endpoint', { row, route, bridge: bridgeFor(options.routing, route), path: target.path, query: target.query });
+    c.set('endpoint', {
+      row,
+      route,
+      bridge: bridgeFor(options.routing, route),
+      path: target.path,
+      query: target.query,
+    });
     await next();
   };
 }

@@ -31,8 +31,10 @@ export function rateLimit(options: { limiter: Limiter; metrics: GatewayMetrics }
         if (decision.spent !== 'day') metrics.refusals.labels(endpoint, 'hour', shadow).inc();
         if (decision.spent !== 'hour') metrics.refusals.labels(endpoint, 'day', shadow).inc();
       } else {
-        if (decision.hour.remaining < decision.hour.limit * NEAR_LIMIT_SHARE) metrics.nearLimit.labels(endpoint, 'hour').inc();
-        if (decision.day.remaining < decision.day.limit * NEAR_LIMIT_SHARE) metrics.nearLimit.labels(endpoint, 'day').inc();
+        if (decision.hour.remaining < decision.hour.limit * NEAR_LIMIT_SHARE)
+          metrics.nearLimit.labels(endpoint, 'hour').inc();
+        if (decision.day.remaining < decision.day.limit * NEAR_LIMIT_SHARE)
+          metrics.nearLimit.labels(endpoint, 'day').inc();
       }
       if (!decision.allowed) return answer(c, 429, 'Too Many Requests', [retryAfterHeader(decision, decision.at)]);
     }
