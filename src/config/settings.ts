@@ -42,6 +42,8 @@ export interface Settings {
   readonly headersTimeoutMs: number;
   readonly requestTimeoutMs: number;
   readonly maxHeaderBytes: number;
+  /** More header lines than this get 431 (server/request-gate.ts). */
+  readonly maxHeaderCount: number;
   /** Proxies of the operator's own in front of the gateway (see server/client-address.ts). */
   readonly trustProxyHops: number;
   /** Which bridge serves a route (by canonical route key); the rest go to `defaultBridge`. */
@@ -161,7 +163,11 @@ const FIELDS = {
   adminToken: {
     env: 'ADMIN_TOKEN',
     file: 'admin_token',
-    parse: text('at least 16 characters', /^\S{16,}$/),
+    // RFC 6750 §2.1 b64token: what a bearer token may hold, so that every token accepted here is one the admin API accepts.
+    parse: text(
+      'at least 16 characters of A-Z a-z 0-9 - . _ ~ + /, optionally ending in = (RFC 6750 §2.1)',
+      /^[A-Za-z0-9._~+/-]{16,}=*$/,
+    ),
     fallback: undefined,
   },
   redisUrl: { env: 'REDIS_URL', file: 'redis_url', parse: redisUrl, fallback: undefined },
@@ -259,6 +265,12 @@ const FIELDS = {
     file: 'max_header_bytes',
     parse: int(1024, 1_048_576, 'a byte count'),
     fallback: 16_384,
+  },
+  maxHeaderCount: {
+    env: 'MAX_HEADER_COUNT',
+    file: 'max_header_count',
+    parse: int(10, 10_000, 'a count of header lines'),
+    fallback: 100,
   },
   trustProxyHops: {
     env: 'TRUST_PROXY_HOPS',
@@ -417,6 +429,7 @@ export function loadSettings(options: LoadOptions = {}): Settings {
     headersTimeoutMs: Math.min(values.headersTimeoutMs, values.requestTimeoutMs),
     requestTimeoutMs: values.requestTimeoutMs,
     maxHeaderBytes: values.maxHeaderBytes,
+    maxHeaderCount: values.maxHeaderCount,
     trustProxyHops: values.trustProxyHops,
     routing,
     credentialRoutes: credentialKeys,

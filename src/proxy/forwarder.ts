@@ -154,6 +154,18 @@ export class Forwarder {
         bodyLength: request.body?.length,
       });
       if (!request.body && incoming.headers['transfer-encoding'] !== undefined) this.#capStreamedBody(exchange);
+      if (!request.body && !declaresBody(incoming)) {
+        // By its headers this request has no body, so none is sent. Bytes that arrive all the same
+        // were framed by a header the gateway did not see: the connection cannot be trusted any more.
+        incoming.once('data', () => {
+          this.#onError(new Error('body bytes on a request without Content-Length or Transfer-Encoding'), {
+            bridge: request.bridge,
+            phase: 'request',
+          });
+          this.#broken(exchange, outgoing);
+          incoming.socket.destroy();
+        });
+      }
       this.#send(exchange);
     });
   }
@@ -200,7 +212,10 @@ export class Forwarder {
 
   #send(exchange: Exchange): void {
     const { request } = exchange;
-    const source = request.body ? bufferedRequest(request.incoming, request.body) : request.incoming;
+    const source =
+      request.body || !declaresBody(request.incoming)
+        ? bufferedRequest(request.incoming, request.body)
+        : request.incoming;
     source.url = request.target;
     (source as Tagged)[EXCHANGE] = exchange;
     const proxy = this.#proxies.get(request.bridge) as RequestHandler;
@@ -415,12 +430,20 @@ function isEncrypted(incoming: IncomingMessage): boolean {
   return Boolean((incoming.socket as Socket & { encrypted?: boolean }).encrypted);
 }
 
-/** The client's request with a body the gateway already read, for http-proxy to pipe as if it came from the socket. */
-function bufferedRequest(incoming: IncomingMessage, body: Buffer): IncomingMessage {
+/** Whether the request's own headers announce a body (RFC 9112 §6.3: without either field, a request has none). */
+function declaresBody(incoming: IncomingMessage): boolean {
+  return incoming.headers['transfer-encoding'] !== undefined || (incoming.headers['content-length'] ?? '0') !== '0';
+}
+
+/**
+ * The client's request with a body the gateway already read (or with none), for http-proxy to pipe
+ * as if it came from the socket: nothing the client sends afterwards reaches the bridge.
+ */
+function bufferedRequest(incoming: IncomingMessage, body: Buffer | undefined): IncomingMessage {
   // A plain stream that pushes the body once (Readable.from would go through an async iterator).
   const stream = new Readable({
     read() {
-      this.push(body);
+      if (body?.length) this.push(body);
       this.push(null);
     },
   });

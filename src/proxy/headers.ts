@@ -19,6 +19,18 @@ export const HOP_BY_HOP = new Set([
   'proxy-authenticate',
 ]);
 
+/**
+ * Fields with which some frameworks let a request claim another method or path than the one it
+ * was counted for (README "Forwarding"): the bridge must act on exactly what was counted.
+ */
+export const REINTERPRETING = [
+  'x-http-method-override',
+  'x-http-method',
+  'x-method-override',
+  'x-original-url',
+  'x-rewrite-url',
+];
+
 const NO_TOKENS: string[] = [];
 
 function connectionTokens(value: string | string[] | undefined): string[] {
@@ -46,6 +58,7 @@ export function prepareRequestHeaders(headers: IncomingHttpHeaders, values: Forw
   const dropped = connectionTokens(headers.connection);
   const upgrade = values.upgrade ? { connection: headers.connection, upgrade: headers.upgrade } : undefined;
   for (const name of HOP_BY_HOP) delete headers[name];
+  for (const name of REINTERPRETING) delete headers[name];
   for (const name of dropped) if (!PROTECTED.has(name)) delete headers[name];
   delete headers.expect;
   if (upgrade) {

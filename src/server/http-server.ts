@@ -1,20 +1,26 @@
-import http, { type IncomingMessage } from 'node:http';
+import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { getRequestListener } from '@hono/node-server';
 import type { Hono } from 'hono';
 import type { Settings } from '../config/settings.js';
 import type { Logger } from '../observability/logger.js';
-import { errorBody, rawAnswer } from './answers.js';
+import { errorBody, rawAnswer, writeAnswer } from './answers.js';
 import type { GatewayEnv } from './context.js';
+import { gateRefusal } from './request-gate.js';
 
 /**
- * The public HTTP server: Node's parser with bounded headers and timeouts against slow
- * senders, and a two-field JSON answer for every request it refuses before the app sees it
- * (oversized headers 431, a request that took too long 408, malformed HTTP 400, including a
- * request with both Content-Length and Transfer-Encoding, RFC 9112 §6.3).
+ * The public HTTP server: Node's parser with bounded headers and timeouts against slow senders,
+ * the request gate (server/request-gate.ts) before the app sees a request, and a two-field JSON
+ * answer for everything refused at this level: oversized headers 431, a request that took too
+ * long 408, malformed HTTP 400 (including Content-Length with Transfer-Encoding, RFC 9112 §6.3),
+ * an `Expect` other than 100-continue 417, CONNECT 501.
+ *
+ * Pipelined requests keep their answers: when the parser fails on a request that follows others
+ * still being answered, those get their answers first and the refusal comes after them
+ * (README "Hostile clients").
  */
 
-/** How long a connection refused by clientError is read from before it is closed. */
+/** How long a connection refused at this level is read from (and the bytes dropped) before it is closed. */
 const LINGER_MS = 2000;
 
 export interface PublicServer {
@@ -23,9 +29,16 @@ export interface PublicServer {
   inFlight(): number;
 }
 
+type ServerSettings = Pick<Settings, 'maxHeaderBytes' | 'maxHeaderCount' | 'headersTimeoutMs' | 'requestTimeoutMs'>;
+
+interface Exchange {
+  readonly req: IncomingMessage;
+  readonly res: ServerResponse;
+}
+
 export function createPublicServer(
   app: Hono<GatewayEnv>,
-  settings: Pick<Settings, 'maxHeaderBytes' | 'headersTimeoutMs' | 'requestTimeoutMs'>,
+  settings: ServerSettings,
   logger: Logger,
   onUpgrade: (req: IncomingMessage, socket: Duplex, head: Buffer) => void,
 ): PublicServer {
@@ -37,43 +50,111 @@ export function createPublicServer(
         headers: { 'Content-Type': 'application/json' },
       }),
   });
-  const server = http.createServer(
-    {
-      maxHeaderSize: settings.maxHeaderBytes,
-      headersTimeout: settings.headersTimeoutMs,
-      requestTimeout: settings.requestTimeoutMs,
-      // Node checks both timeouts only this often (30 s by default, far longer than the timeouts themselves).
-      connectionsCheckingInterval: Math.max(
-        50,
-        Math.min(1000, Math.floor(Math.min(settings.headersTimeoutMs, settings.requestTimeoutMs) / 4)),
-      ),
-      keepAliveTimeout: 5000,
-    },
-    listener,
-  );
-  let inFlight = 0;
-  server.on('request', (_req, res: http.ServerResponse) => {
-    inFlight++;
-    res.once('close', () => inFlight--);
+  const server = http.createServer({
+    maxHeaderSize: settings.maxHeaderBytes,
+    headersTimeout: settings.headersTimeoutMs,
+    requestTimeout: settings.requestTimeoutMs,
+    // Node checks both timeouts only this often (30 s by default, far longer than the timeouts themselves).
+    connectionsCheckingInterval: Math.max(
+      50,
+      Math.min(1000, Math.floor(Math.min(settings.headersTimeoutMs, settings.requestTimeoutMs) / 4)),
+    ),
+    keepAliveTimeout: 5000,
+    // The gate answers a request without Host in the gateway's own shape.
+    requireHostHeader: false,
   });
-  server.on('upgrade', onUpgrade);
-  server.on('clientError', (err: NodeJS.ErrnoException, socket: Duplex) => {
-    // Nothing is written into an answer that has begun (a timeout can strike while one streams).
-    const answering = (socket as Duplex & { _httpMessage?: { headersSent?: boolean } })._httpMessage?.headersSent;
-    if (err.code === 'ECONNRESET' || !socket.writable || answering) {
+  // Every header line the parser reads is kept, so the framing it used is framing the gateway sees;
+  // MAX_HEADER_COUNT bounds them instead (the gate).
+  server.maxHeadersCount = 0;
+  // A client that half-closes after its request still gets the answer: Node would end the connection at
+  // once. (An undocumented switch of Node's http.Server, read by its end-of-input handler since Node 0.x;
+  // the half-open tests in test/integration/hostile-smuggling.test.ts pin it.)
+  (server as http.Server & { httpAllowHalfOpen: boolean }).httpAllowHalfOpen = true;
+
+  /** Requests of each connection whose answer is not complete yet, in the order they came. */
+  const open = new WeakMap<Duplex, Set<Exchange>>();
+  let inFlight = 0;
+
+  server.on('request', function gatedRequest(req: IncomingMessage, res: ServerResponse) {
+    inFlight++;
+    const exchange: Exchange = { req, res };
+    let exchanges = open.get(req.socket);
+    if (!exchanges) open.set(req.socket, (exchanges = new Set()));
+    exchanges.add(exchange);
+    res.once('close', () => {
+      inFlight--;
+      exchanges.delete(exchange);
+    });
+    const refusal = gateRefusal(req, settings.maxHeaderCount);
+    if (refusal) {
+      logger.debug({ status: refusal.status, reason: refusal.message }, 'request refused at the gate');
+      writeAnswer(res, refusal.status, refusal.message, [['Connection', 'close']]);
+      return;
+    }
+    void listener(req, res);
+  });
+
+  server.on('upgrade', function gatedUpgrade(req: IncomingMessage, socket: Duplex, head: Buffer) {
+    const refusal = gateRefusal(req, settings.maxHeaderCount, true);
+    if (!refusal) return onUpgrade(req, socket, head);
+    socket.on('error', () => socket.destroy());
+    answerAndLinger(socket, refusal.status, refusal.message);
+  });
+
+  server.on('checkExpectation', function unsupportedExpectation(_req: IncomingMessage, res: ServerResponse) {
+    writeAnswer(res, 417, 'Only Expect: 100-continue is supported', [['Connection', 'close']]);
+  });
+
+  server.on('connect', function refuseConnect(_req: IncomingMessage, socket: Duplex) {
+    socket.on('error', () => socket.destroy());
+    answerAndLinger(socket, 501, 'CONNECT is not supported');
+  });
+
+  /** Connections whose parser failed: the first failure is the one answered. */
+  const failed = new WeakSet<Duplex>();
+  server.on('clientError', function onClientError(err: NodeJS.ErrnoException, socket: Duplex) {
+    if (failed.has(socket)) return;
+    failed.add(socket);
+    if (err.code === 'ECONNRESET' || !socket.writable) {
       socket.destroy();
       return;
     }
     const [status, message] = clientErrorAnswer(err.code);
     logger.debug({ code: err.code, status }, 'client error');
-    socket.end(rawAnswer(status, message));
-    // A lingering close, as nginx does it: what the client still sends is read and dropped for a
-    // moment, so that the answer is not lost to a reset, and then the connection is closed, also
-    // when the client never closes its side (the server allows half-open connections).
-    socket.resume();
-    setTimeout(() => socket.destroy(), LINGER_MS).unref();
+    const pending = [...(open.get(socket) ?? [])];
+    // A request whose own bytes broke off (or stopped coming) can never be answered by a bridge.
+    const broken = pending.find((e) => !e.req.complete);
+    if (broken) {
+      if (!broken.res.headersSent) answerAndLinger(socket, status, message);
+      // The gate's refusal of this very request is on its way and closes the connection.
+      else if (!broken.res.writableEnded) socket.destroy();
+      return;
+    }
+    const last = pending.at(-1);
+    if (!last) {
+      answerAndLinger(socket, status, message);
+      return;
+    }
+    // The failure is in a request that follows complete ones still being answered: they get their
+    // answers first, then this refusal (unless the last of them closes the connection anyway: a
+    // client that half-closed, or a refusal that said Connection: close).
+    last.res.prependOnceListener('finish', () => {
+      if (last.res.shouldKeepAlive && socket.writable) answerAndLinger(socket, status, message);
+    });
   });
+
   return { server, inFlight: () => inFlight };
+}
+
+/**
+ * Writes a gateway answer straight to the connection and closes it lingering, as nginx does:
+ * what the client still sends is read and dropped for a moment, so that the answer is not lost to
+ * a reset, and then the connection is closed, also when the client never closes its side.
+ */
+function answerAndLinger(socket: Duplex, status: number, message: string): void {
+  socket.end(rawAnswer(status, message));
+  socket.resume();
+  setTimeout(() => socket.destroy(), LINGER_MS).unref();
 }
 
 function clientErrorAnswer(code: string | undefined): [number, string] {

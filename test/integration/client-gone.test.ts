@@ -7,7 +7,8 @@ import { redisClient, startRedisServer, type RedisProcess } from '../helpers/red
  * A client that leaves while its request is being checked (here: while Redis holds the
  * counting script) gets nothing sent to the bridge, and its request still gets its log line
  * and metric (regression: the forwarder waited for a close that had already happened, and the
- * bridge connection idled until the timeout).
+ * bridge connection idled until the timeout). "Leaves" is a connection reset: a client that only
+ * closes its sending side may still be reading, and gets its answer (hostile-smuggling.test.ts).
  */
 
 let redis: RedisProcess;
@@ -31,7 +32,7 @@ it('sends nothing to the bridge for a client that left during the checks, and lo
   await new Promise((r) => socket.once('connect', r));
   socket.write(`GET /orders/2 HTTP/1.1\r\nHost: x\r\nX-API-Key: ${key}\r\nX-Request-Id: gone-1\r\n\r\n`);
   await new Promise((r) => setTimeout(r, 100));
-  socket.destroy();
+  socket.resetAndDestroy();
   await new Promise((r) => setTimeout(r, 600));
   pauser.disconnect();
   expect(gw.eqt.requests.length).toBe(before);

@@ -78,7 +78,24 @@ describe('settings', () => {
     ],
     [{ ...BRIDGES, API_KEY_MODE: 'open' }, 'API_KEY_MODE=open: must be one of registered, any'],
     [{ ...BRIDGES, API_KEYS_FILE: 'nope.yaml' }, 'API_KEYS_FILE=nope.yaml: file not found'],
-    [{ ...BRIDGES, ADMIN_TOKEN: 'short' }, 'ADMIN_TOKEN=…: must be at least 16 characters'],
+    [
+      { ...BRIDGES, ADMIN_TOKEN: 'short' },
+      'ADMIN_TOKEN=…: must be at least 16 characters of A-Z a-z 0-9 - . _ ~ + /, optionally ending in = (RFC 6750 §2.1)',
+    ],
+    // A bearer token cannot hold these (RFC 6750 §2.1): start-up refuses what the admin API would refuse.
+    [
+      { ...BRIDGES, ADMIN_TOKEN: 'with!exclamation-0123456789' },
+      'ADMIN_TOKEN=…: must be at least 16 characters of A-Z a-z 0-9 - . _ ~ + /, optionally ending in = (RFC 6750 §2.1)',
+    ],
+    [
+      { ...BRIDGES, ADMIN_TOKEN: 'with#hash-0123456789abcdef' },
+      'ADMIN_TOKEN=…: must be at least 16 characters of A-Z a-z 0-9 - . _ ~ + /, optionally ending in = (RFC 6750 §2.1)',
+    ],
+    [
+      { ...BRIDGES, ADMIN_TOKEN: 'padding=in-the-middle-0123456789' },
+      'ADMIN_TOKEN=…: must be at least 16 characters of A-Z a-z 0-9 - . _ ~ + /, optionally ending in = (RFC 6750 §2.1)',
+    ],
+    [{ ...BRIDGES, MAX_HEADER_COUNT: '5' }, 'MAX_HEADER_COUNT=5: must be a count of header lines (10-10000)'],
   ])('refuses %j with one line naming the variable', (env, expected) => {
     const text = message(env);
     expect(text).toBe(expected);
@@ -110,7 +127,7 @@ describe('settings', () => {
     const dir = mkdtempSync(join(tmpdir(), 'oapi-settings-'));
     writeFileSync(join(dir, 'gw.yaml'), 'admin_token: shortsecret\n');
     expect(() => loadSettings({ env: BRIDGES, cwd: dir, configFile: 'gw.yaml' })).toThrow(
-      /^gw\.yaml:1:14: admin_token must be at least 16 characters$/,
+      /^gw\.yaml:1:14: admin_token must be at least 16 characters of A-Z a-z 0-9 - \. _ ~ \+ \/, optionally ending in = \(RFC 6750 §2\.1\)$/,
     );
     writeFileSync(join(dir, 'gw.yaml'), 'redis_url: "http://u:hunter2@h:1"\n');
     expect(() => loadSettings({ env: BRIDGES, cwd: dir, configFile: 'gw.yaml' })).toThrow(

@@ -1,0 +1,50 @@
+import type { IncomingMessage } from 'node:http';
+
+/**
+ * Checks of a request's framing and head, made before anything else looks at it (before the API
+ * key, before counting), so that a request the gateway will not forward uses no unit and no
+ * request can hide in another one's body (README "Hostile clients", SECURITY.md):
+ *
+ * - more header lines than `maxHeaderCount`: 431. (Node's parser frames a body by every header
+ *   line it reads, also those past its own header-count cap; the server is set to keep them all,
+ *   and this bound replaces that cap.)
+ * - an HTTP/1.1 request without exactly one `Host`: 400 (RFC 9112 §3.2).
+ * - a `Transfer-Encoding` that does not end in `chunked`: 400, as RFC 9112 §6.3 requires; a
+ *   coding before `chunked` (`gzip, chunked`): 501 (RFC 9112 §6.1), since the gateway forwards
+ *   bodies byte for byte and cannot pass such a coding on.
+ * - a WebSocket upgrade that announces a body: 400 (an upgrade's bytes after its head belong to
+ *   the new protocol, RFC 9110 §7.8).
+ */
+
+export interface GateRefusal {
+  readonly status: 400 | 431 | 501;
+  readonly message: string;
+}
+
+export function gateRefusal(req: IncomingMessage, maxHeaderCount: number, upgrade = false): GateRefusal | undefined {
+  const raw = req.rawHeaders;
+  if (raw.length / 2 > maxHeaderCount) return { status: 431, message: 'Too many request headers' };
+  if (req.httpVersionMajor === 1 && req.httpVersionMinor === 1) {
+    let hosts = 0;
+    for (let i = 0; i < raw.length; i += 2) if ((raw[i] as string).length === 4 && isHost(raw[i] as string)) hosts++;
+    if (hosts === 0) return { status: 400, message: 'Missing Host header' };
+    if (hosts > 1) return { status: 400, message: 'More than one Host header' };
+  }
+  const transferEncoding = req.headers['transfer-encoding'];
+  if (transferEncoding !== undefined) {
+    const codings = transferEncoding
+      .split(',')
+      .map((coding) => coding.trim().toLowerCase())
+      .filter(Boolean);
+    if (codings.at(-1) !== 'chunked') return { status: 400, message: 'Transfer-Encoding must end with chunked' };
+    if (codings.length > 1) return { status: 501, message: 'Only the chunked transfer coding is supported' };
+  }
+  if (upgrade && (transferEncoding !== undefined || (req.headers['content-length'] ?? '0') !== '0')) {
+    return { status: 400, message: 'An upgrade request carries no body' };
+  }
+  return undefined;
+}
+
+function isHost(name: string): boolean {
+  return name.toLowerCase() === 'host';
+}

@@ -1,0 +1,127 @@
+import type { IncomingMessage } from 'node:http';
+import { describe, expect, it } from 'vitest';
+import { gateRefusal } from '../../src/server/request-gate.js';
+
+/** The request gate on request heads built by hand (no socket): what it refuses, and with which status. */
+
+function head(lines: Array<[string, string]>, version = '1.1'): IncomingMessage {
+  const headers: Record<string, string> = {};
+  for (const [name, value] of lines) {
+    const key = name.toLowerCase();
+    headers[key] = headers[key] === undefined ? value : `${headers[key]}, ${value}`;
+  }
+  const [major, minor] = version.split('.').map(Number);
+  return {
+    rawHeaders: lines.flat(),
+    headers,
+    httpVersionMajor: major,
+    httpVersionMinor: minor,
+  } as unknown as IncomingMessage;
+}
+
+describe('gateRefusal', () => {
+  it('passes an ordinary request', () => {
+    expect(
+      gateRefusal(
+        head([
+          ['Host', 'x'],
+          ['X-API-Key', 'k'],
+        ]),
+        100,
+      ),
+    ).toBeUndefined();
+    expect(
+      gateRefusal(
+        head([
+          ['Host', 'x'],
+          ['Transfer-Encoding', 'chunked'],
+        ]),
+        100,
+      ),
+    ).toBeUndefined();
+    expect(
+      gateRefusal(
+        head([
+          ['Host', 'x'],
+          ['Transfer-Encoding', ' Chunked '],
+        ]),
+        100,
+      ),
+    ).toBeUndefined();
+  });
+
+  it('refuses more header lines than the bound with 431, at exactly one past it', () => {
+    const lines = (count: number): Array<[string, string]> => [
+      ['Host', 'x'],
+      ...Array.from({ length: count - 1 }, (_, i): [string, string] => [`X-${i}`, 'v']),
+    ];
+    expect(gateRefusal(head(lines(100)), 100)).toBeUndefined();
+    expect(gateRefusal(head(lines(101)), 100)).toEqual({ status: 431, message: 'Too many request headers' });
+  });
+
+  it('wants exactly one Host on HTTP/1.1, none on HTTP/1.0', () => {
+    expect(gateRefusal(head([['X-API-Key', 'k']]), 100)).toEqual({ status: 400, message: 'Missing Host header' });
+    expect(
+      gateRefusal(
+        head([
+          ['Host', 'a'],
+          ['host', 'b'],
+        ]),
+        100,
+      ),
+    ).toEqual({
+      status: 400,
+      message: 'More than one Host header',
+    });
+    expect(gateRefusal(head([['X-API-Key', 'k']], '1.0'), 100)).toBeUndefined();
+  });
+
+  it.each([
+    ['identity', 400],
+    ['gzip', 400],
+    ['chunked, identity', 400],
+    ['chunked;ext=1', 400],
+    ['', 400],
+    ['gzip, chunked', 501],
+    ['deflate,chunked', 501],
+  ])('refuses Transfer-Encoding: %j with %i', (coding, status) => {
+    expect(
+      gateRefusal(
+        head([
+          ['Host', 'x'],
+          ['Transfer-Encoding', coding],
+        ]),
+        100,
+      )?.status,
+    ).toBe(status);
+  });
+
+  it('refuses an upgrade that announces a body, and only an upgrade', () => {
+    const withLength = head([
+      ['Host', 'x'],
+      ['Content-Length', '5'],
+    ]);
+    expect(gateRefusal(withLength, 100, true)).toEqual({ status: 400, message: 'An upgrade request carries no body' });
+    expect(gateRefusal(withLength, 100, false)).toBeUndefined();
+    expect(
+      gateRefusal(
+        head([
+          ['Host', 'x'],
+          ['Content-Length', '0'],
+        ]),
+        100,
+        true,
+      ),
+    ).toBeUndefined();
+    expect(
+      gateRefusal(
+        head([
+          ['Host', 'x'],
+          ['Transfer-Encoding', 'chunked'],
+        ]),
+        100,
+        true,
+      )?.status,
+    ).toBe(400);
+  });
+});
