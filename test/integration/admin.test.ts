@@ -90,6 +90,22 @@ describe('/admin/* authentication', () => {
       await locked.stop();
     }
   });
+
+  it('accepts every ADMIN_TOKEN start-up accepts: all the characters RFC 6750 allows (regression: a token start-up took answered every call 401)', async () => {
+    const token = 'Az09-._~+/Az09-._~+/==';
+    const special = await startTestGateway({ limits: LIMITS, redis: false, env: { ADMIN_TOKEN: token } });
+    try {
+      const reply = await send(special.adminUrl, {
+        path: '/admin/limits',
+        headers: { Authorization: `Bearer ${token}` },
+      });
+      expect(reply.status).toBe(200);
+      const wrong = await send(special.adminUrl, { path: '/admin/limits', headers: authHeader() });
+      expect(wrong.status).toBe(401);
+    } finally {
+      await special.stop();
+    }
+  });
 });
 
 describe('GET /admin/limits', () => {
