@@ -4,8 +4,12 @@ import { Cluster, Redis, type RedisOptions } from 'ioredis';
  * Redis clients for the counters. Tuned so that no request waits long on a Redis that is
  * down or slow (INTERFACE §3 REDIS_FAILURE_MODE): commands fail at once while disconnected
  * (no offline queue), time out after `commandTimeoutMs`, and are never re-sent after a
- * reconnect (a re-sent increment could count a request twice). Commands issued in the same
- * tick share one write (auto-pipelining).
+ * reconnect (a re-sent increment could count a request twice).
+ *
+ * No auto-pipelining: ioredis keeps one auto-pipeline in flight per connection and queues later
+ * commands behind it, so while Redis is slow a request could wait for the one before it to time out
+ * and then for its own timeout too. The counter store batches a turn's requests itself
+ * (redis/counter-store.ts); every command starts its own REDIS_TIMEOUT_MS when it is sent.
  */
 
 export type RedisClient = Redis | Cluster;
@@ -26,7 +30,7 @@ function commonOptions(commandTimeoutMs: number): RedisOptions {
     connectTimeout: Math.max(1000, commandTimeoutMs * 4),
     maxRetriesPerRequest: 0,
     autoResendUnfulfilledCommands: false,
-    enableAutoPipelining: true,
+    enableAutoPipelining: false,
     lazyConnect: true,
   };
 }
@@ -36,7 +40,7 @@ export function createRedisClient(target: RedisTarget): RedisClient {
   if (target.clusterNodes && target.clusterNodes.length > 0) {
     return new Cluster([...target.clusterNodes], {
       enableOfflineQueue: false,
-      enableAutoPipelining: true,
+      enableAutoPipelining: false,
       lazyConnect: true,
       clusterRetryStrategy: reconnectDelay,
       redisOptions: options,

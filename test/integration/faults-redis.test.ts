@@ -535,3 +535,43 @@ describe('Redis killed (SIGKILL) and restarted during traffic (insurance mode, p
     expect((await get(gw, '/orders/5', newKey('kill-after'))).reply.status).toBe(200);
   });
 });
+
+describe('a Redis busy with one long command (DEBUG SLEEP)', () => {
+  const TIMEOUT_MS = 300;
+  let redis: RedisProcess;
+  let gw: TestGateway;
+
+  beforeAll(async () => {
+    redis = await startRedisServer({ args: ['--enable-debug-command', 'yes'] });
+    gw = await startTestGateway({
+      limits: LIMITS,
+      redis: redis.url,
+      env: { REDIS_TIMEOUT_MS: String(TIMEOUT_MS), LOG_LEVEL: 'info' },
+    });
+  });
+  afterAll(async () => {
+    await gw?.stop();
+    await redis?.stop();
+  });
+
+  it('keeps every request’s wait for its counting near REDIS_TIMEOUT_MS (regression: ioredis’ auto-pipeline queued a request behind the timed-out one before it, up to twice that)', async () => {
+    const warm = await get(gw, '/orders/1', newKey('busy-warm'));
+    expect(await counterOf(gw, warm.id)).toBeUndefined();
+    const admin = new Redis(redis.url, { maxRetriesPerRequest: 0 });
+    const busy = admin.call('DEBUG', 'SLEEP', '1.5');
+    await sleep(20);
+    // Requests spread over the first REDIS_TIMEOUT_MS, while the first of them still waits.
+    const outcomes = await Promise.all(
+      Array.from({ length: 8 }, async (_, i) => {
+        await sleep(i * 35);
+        return get(gw, '/orders/1', newKey('busy'));
+      }),
+    );
+    await busy;
+    admin.disconnect();
+    for (const o of outcomes) expect(o.reply.status).toBe(200);
+    // Each was decided by Redis in time or by the insurance counters after one timeout at most.
+    for (const o of outcomes) expect(o.ms).toBeLessThan(TIMEOUT_MS * 1.6);
+    expect(new Set(await Promise.all(outcomes.map((o) => counterOf(gw, o.id))))).toEqual(new Set(['insurance']));
+  });
+});
