@@ -1,7 +1,12 @@
+import { Writable } from 'node:stream';
 import { describe, expect, it } from 'vitest';
 import { parse } from 'yaml';
+import { createAdminApp, type AdminDeps } from '../../src/admin/app.js';
 import type { LimitTable } from '../../src/config/limit-table.js';
 import { parseLimits } from '../../src/config/load-limits.js';
+import { TableHolder } from '../../src/config/table-holder.js';
+import { createLogger } from '../../src/observability/logger.js';
+import { GatewayMetrics } from '../../src/observability/metrics.js';
 import { adminOpenApi } from '../../src/openapi/admin.js';
 import type { Json, OpenApiDocument, OpenApiOperation, OpenApiPathItem } from '../../src/openapi/common.js';
 import { REASON_PHRASES } from '../../src/openapi/common.js';
@@ -311,5 +316,28 @@ describe('the admin OpenAPI document', () => {
     );
     expect(check('Readiness', { status: 'degraded', reason: 'counter store unreachable (end)' })).toBeUndefined();
     expect(check('Readiness', { status: 'fine' })).toBeDefined();
+  });
+});
+
+describe('the admin listener’s documents, in-process', () => {
+  const silent = createLogger('silent', new Writable({ write: (_c, _e, cb) => cb() }));
+  const metrics = new GatewayMetrics({ defaultMetrics: false });
+
+  function adminApp(tables: TableHolder) {
+    // Only what the documents and /version touch; the rest of the admin API is tested over sockets.
+    const deps = { adminToken: 'admin-token-0123456789', tables, metrics, logger: silent, apiKeyHeader: 'X-Key' };
+    return createAdminApp(deps as unknown as AdminDeps);
+  }
+
+  it('answers /openapi.json with 503 and the two-field body while no table is loaded', async () => {
+    const tables = new TableHolder({
+      path: '/nonexistent/limits.yaml',
+      displayName: 'limits.yaml',
+      logger: silent,
+      metrics,
+    });
+    const reply = await adminApp(tables).request('/openapi.json');
+    expect(reply.status).toBe(503);
+    expect(await reply.text()).toBe('{"error":"Service Unavailable","message":"No valid limit table is loaded"}');
   });
 });
