@@ -116,6 +116,12 @@ export class GatewayMetrics implements LimiterObserver {
   constructor(options: { defaultMetrics?: boolean } = {}) {
     if (options.defaultMetrics !== false) collectDefaultMetrics({ register: this.registry, prefix: 'oapi_gateway_' });
     this.buildInfo.labels(VERSION, process.version).set(1);
+    // Series that exist from the start: increase() over a series that appears with its first
+    // event misses that event, and a single refused reload would never alert.
+    for (const result of ['ok', 'unchanged', 'invalid']) this.reloads.labels(result).inc(0);
+    for (const result of ['ok', 'failed']) this.insuranceMerges.labels(result).inc(0);
+    for (const kind of ['timeout', 'connection', 'reply']) this.storeErrors.labels(kind).inc(0);
+    for (const outcome of ['rejected', 'throttled']) this.invalidKeys.labels(outcome).inc(0);
   }
 
   request(endpoint: string, status: number, seconds: number): void {
