@@ -1,4 +1,4 @@
-// ESLint: typescript-eslint's type-aware rules over src, test and bench; formatting is Prettier's.
+// ESLint: typescript-eslint's type-aware rules over src, test, bench and examples; formatting is Prettier's.
 import js from '@eslint/js';
 import prettier from 'eslint-config-prettier';
 import globals from 'globals';

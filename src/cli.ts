@@ -7,16 +7,32 @@ import { readLimitsFile } from './config/load-limits.js';
 import { formatSourceError } from './config/yaml-source.js';
 import { readKeyFile } from './keys/key-file.js';
 import { sha256Hex } from './observability/logger.js';
+import { adminOpenApi } from './openapi/admin.js';
+import { publicOpenApi } from './openapi/public.js';
+import { VERSION } from './version.js';
 
 /**
  * `npx oapi-gateway check [FILE] [--keys FILE]`: validates a limits file (and the key file),
  * prints the table, exits 1 with every error and its line when something is wrong.
  * `npx oapi-gateway keys hash KEY`: prints the line for `config/api-keys.yaml`.
+ * `npx oapi-gateway openapi [FILE] | --admin`: prints the OpenAPI 3.1 document of the public API
+ * of a limits file, or of the admin listener.
  */
 
 const USAGE = `usage:
   oapi-gateway check [LIMITS_FILE] [--keys KEYS_FILE]   validate a limits file (default: $LIMITS_FILE or limits.yaml)
-  oapi-gateway keys hash KEY                          print the sha256 line of a key for config/api-keys.yaml`;
+  oapi-gateway keys hash KEY                          print the sha256 line of a key for config/api-keys.yaml
+  oapi-gateway openapi [LIMITS_FILE]                  print the OpenAPI 3.1 document of the public API of a limits file
+  oapi-gateway openapi --admin                        print the OpenAPI 3.1 document of the admin listener`;
+
+/** The table of a limits file, or undefined after printing every error as `check` does. */
+async function readTable(file: string): Promise<LimitTable | undefined> {
+  const result = await readLimitsFile(resolve(file), file);
+  if (result.ok) return result.table;
+  for (const error of result.errors) process.stderr.write(formatSourceError(error) + '\n');
+  process.stderr.write(`${file}: ${result.errors.length} error${result.errors.length === 1 ? '' : 's'}; not valid\n`);
+  return undefined;
+}
 
 async function check(args: string[]): Promise<number> {
   let keysFile: string | undefined;
@@ -26,18 +42,14 @@ async function check(args: string[]): Promise<number> {
     else positional.push(args[i] as string);
   }
   const file = positional[0] ?? process.env.LIMITS_FILE ?? 'limits.yaml';
-  const result = await readLimitsFile(resolve(file), file);
-  if (!result.ok) {
-    for (const error of result.errors) process.stderr.write(formatSourceError(error) + '\n');
-    process.stderr.write(`${file}: ${result.errors.length} error${result.errors.length === 1 ? '' : 's'}; not valid\n`);
-    return 1;
-  }
-  process.stdout.write(renderTable(result.table, file));
+  const table = await readTable(file);
+  if (!table) return 1;
+  process.stdout.write(renderTable(table, file));
 
   const keys =
     keysFile ?? process.env.API_KEYS_FILE ?? (existsSync('config/api-keys.yaml') ? 'config/api-keys.yaml' : undefined);
   if (keys) {
-    const keyResult = await readKeyFile(resolve(keys), keys, new Set(result.table.plans.keys()));
+    const keyResult = await readKeyFile(resolve(keys), keys, new Set(table.plans.keys()));
     if (!keyResult.ok) {
       for (const error of keyResult.errors) process.stderr.write(formatSourceError(error) + '\n');
       process.stderr.write(
@@ -92,6 +104,25 @@ function keys(args: string[]): number {
   return 0;
 }
 
+async function openapi(args: string[]): Promise<number> {
+  const admin = args.includes('--admin');
+  const positional = args.filter((a) => a !== '--admin');
+  if (positional.length > (admin ? 0 : 1) || positional.some((a) => a.startsWith('-'))) {
+    process.stderr.write(USAGE + '\n');
+    return 2;
+  }
+  if (admin) {
+    process.stdout.write(JSON.stringify(adminOpenApi({ version: VERSION }), null, 2) + '\n');
+    return 0;
+  }
+  const file = positional[0] ?? process.env.LIMITS_FILE ?? 'limits.yaml';
+  const table = await readTable(file);
+  if (!table) return 1;
+  const apiKeyHeader = process.env.API_KEY_HEADER?.trim() || 'X-API-Key';
+  process.stdout.write(JSON.stringify(publicOpenApi(table, { apiKeyHeader, version: VERSION }), null, 2) + '\n');
+  return 0;
+}
+
 async function run(argv: string[]): Promise<number> {
   const [command, ...args] = argv;
   switch (command) {
@@ -99,6 +130,8 @@ async function run(argv: string[]): Promise<number> {
       return check(args);
     case 'keys':
       return keys(args);
+    case 'openapi':
+      return openapi(args);
     case 'help':
     case '--help':
     case '-h':

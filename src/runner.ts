@@ -259,6 +259,8 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       shuttingDown: () => shuttingDown,
       reload: () => reload('admin'),
       ...(options.metricsText ? { metricsText: options.metricsText } : {}),
+      apiKeyHeader: settings.apiKeyHeader,
+      credentialRoutes: settings.credentialRoutes,
     });
     adminServer = http.createServer(getRequestListener(adminApp.fetch));
     await listen(adminServer, settings.adminPort, settings.adminHost);

@@ -11,8 +11,12 @@ import { secondsUntil } from '../limits/windows.js';
 import type { Logger } from '../observability/logger.js';
 import { sha256Hex, shortKeyHash } from '../observability/logger.js';
 import type { GatewayMetrics } from '../observability/metrics.js';
+import { adminOpenApi } from '../openapi/admin.js';
+import type { OpenApiDocument } from '../openapi/common.js';
+import { publicOpenApi } from '../openapi/public.js';
 import type { EventBus } from '../redis/events.js';
 import { errorBody } from '../server/answers.js';
+import { VERSION } from '../version.js';
 
 /**
  * The admin listener (INTERFACE §7): health, readiness and metrics for the platform, and the
@@ -34,6 +38,9 @@ export interface AdminDeps {
   readonly reload: () => Promise<ReloadResult>;
   /** Metrics text; with WORKERS>1 the primary aggregates its workers'. */
   readonly metricsText?: () => Promise<string>;
+  /** For `/openapi.json`: the API-key header and the routes whose body must be credentials. */
+  readonly apiKeyHeader: string;
+  readonly credentialRoutes?: ReadonlySet<string>;
 }
 
 const json = (c: Context, status: number, error: string): Response =>
@@ -74,6 +81,21 @@ export function createAdminApp(deps: AdminDeps): Hono {
     const text = deps.metricsText ? await deps.metricsText() : await deps.metrics.registry.metrics();
     return c.text(text, 200, { 'Content-Type': deps.metrics.registry.contentType });
   });
+
+  // Documents and version need no token, like /metrics: they hold nothing secret.
+  app.get('/version', (c) => c.json({ version: VERSION, node: process.version }));
+  let published: { table: LimitTable; document: OpenApiDocument } | undefined;
+  app.get('/openapi.json', (c) => {
+    const table = tables.current();
+    if (!table) return json(c, 503, 'No valid limit table is loaded');
+    if (published?.table !== table) {
+      const options = { apiKeyHeader: deps.apiKeyHeader, version: VERSION, credentialRoutes: deps.credentialRoutes };
+      published = { table, document: publicOpenApi(table, options) };
+    }
+    return c.json(published.document);
+  });
+  const adminDocument = adminOpenApi({ version: VERSION });
+  app.get('/openapi-admin.json', (c) => c.json(adminDocument));
 
   app.use('/admin/*', adminAuth(deps.adminToken));
 

@@ -285,6 +285,9 @@ type Values = {
     (typeof FIELDS)[K]['fallback'] | Exclude<ReturnType<(typeof FIELDS)[K]['parse']>, { error: string }>;
 };
 
+/** Every environment variable the settings are read from (deploy manifests are held to this list). */
+export const SETTING_VARIABLES: readonly string[] = ['GATEWAY_CONFIG', ...Object.values(FIELDS).map((f) => f.env)];
+
 const FILE_KEYS = new Set<string>([...Object.values(FIELDS).map((f) => f.file), 'routing', 'credential_routes']);
 
 export const DEFAULT_API_KEYS_FILE = 'config/api-keys.yaml';

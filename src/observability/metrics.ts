@@ -1,6 +1,7 @@
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import type { FailureMode, LimiterObserver } from '../limits/limiter.js';
 import type { StoreUnavailableError } from '../limits/store.js';
+import { VERSION } from '../version.js';
 
 /**
  * Prometheus metrics (prom-client). Label values stay bounded: `endpoint` is the route of a
@@ -99,12 +100,28 @@ export class GatewayMetrics implements LimiterObserver {
     registers: [this.registry],
   });
 
+  readonly buildInfo = new Gauge({
+    name: 'oapi_gateway_build_info',
+    help: 'Always 1; the labels say which gateway version runs on which Node.js.',
+    labelNames: ['version', 'node'] as const,
+    registers: [this.registry],
+    // With WORKERS>1 the primary sums its workers' metrics; a sum would make this the worker count.
+    aggregator: 'first',
+  });
+
   readonly #requestChildren = new Map<string, { inc(): void }>();
   readonly #durationChildren = new Map<string, { observe(v: number): void }>();
   readonly #upstreamChildren = new Map<string, { observe(v: number): void }>();
 
   constructor(options: { defaultMetrics?: boolean } = {}) {
     if (options.defaultMetrics !== false) collectDefaultMetrics({ register: this.registry, prefix: 'oapi_gateway_' });
+    this.buildInfo.labels(VERSION, process.version).set(1);
+    // Series that exist from the start: increase() over a series that appears with its first
+    // event misses that event, and a single refused reload would never alert.
+    for (const result of ['ok', 'unchanged', 'invalid']) this.reloads.labels(result).inc(0);
+    for (const result of ['ok', 'failed']) this.insuranceMerges.labels(result).inc(0);
+    for (const kind of ['timeout', 'connection', 'reply']) this.storeErrors.labels(kind).inc(0);
+    for (const outcome of ['rejected', 'throttled']) this.invalidKeys.labels(outcome).inc(0);
   }
 
   request(endpoint: string, status: number, seconds: number): void {
