@@ -18,6 +18,7 @@ import type { Clock } from './limits/windows.js';
 import { createLogger, type Logger } from './observability/logger.js';
 import { GatewayMetrics } from './observability/metrics.js';
 import { Forwarder } from './proxy/forwarder.js';
+import { WebSocketProxy } from './ws/bridge-proxy.js';
 import { connectWithin, createRedisClient, createSubscriber, isReady, type RedisClient } from './redis/connection.js';
 import { RedisCounterStore } from './redis/counter-store.js';
 import { LocalEventBus, RedisEventBus, type EventBus } from './redis/events.js';
@@ -208,12 +209,14 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     return result;
   };
 
-  const forwarder = new Forwarder({
+  const bridgeOptions = {
     bridges: settings.bridges,
     timeoutMs: settings.upstreamTimeoutMs,
-    onError: (err, context) =>
+    onError: (err: Error, context: { bridge: string; phase: string }) =>
       logger.warn({ ...context, code: (err as NodeJS.ErrnoException).code, err: err.message }, 'bridge error'),
-  });
+  };
+  const forwarder = new Forwarder(bridgeOptions);
+  const webSocketProxy = new WebSocketProxy(bridgeOptions);
   const websockets = new WebSocketConnections(metrics);
   const app = createPublicApp({
     settings,
@@ -222,6 +225,7 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     registry,
     guard,
     forwarder,
+    webSocketProxy,
     websockets,
     metrics,
     logger,

@@ -1,20 +1,19 @@
 import http, { type ClientRequest, type IncomingMessage, type ServerResponse } from 'node:http';
 import https from 'node:https';
 import type { Socket } from 'node:net';
-import { Readable, type Duplex } from 'node:stream';
-import { createProxyMiddleware, proxyEventsPlugin, type RequestHandler } from 'http-proxy-middleware';
 import { BRIDGES, type BridgeName } from '../config/settings.js';
 import type { HeaderList } from '../limits/headers.js';
-import { rawAnswer, writeAnswer } from '../server/answers.js';
-import { prepareRequestHeaders, responseHeaderList } from './headers.js';
+import { writeAnswer } from '../server/answers.js';
+import { START, isEnded, step, type ExchangeAction, type ExchangeEvent, type ExchangeState } from './exchange.js';
+import { requestHeaderList, responseHeaderList, type BodyFraming } from './headers.js';
 
 /**
- * Forwarding to the bridges (INTERFACE §5.5) with http-proxy-middleware: one proxy and one
- * keep-alive agent per bridge. The bridge's status, headers and body come back unchanged, in
- * one `writeHead` with the gateway's usage headers added. A bridge that cannot be reached
- * gets the client a 502, one that has not answered within `timeoutMs` of receiving the whole
- * request a 504 (a slow upload is the client's, bounded by the server's request timeout); once the
- * bridge's status line was sent, a broken or stalled bridge closes the client connection.
+ * HTTP forwarding to the bridges with node:http: one keep-alive agent per bridge, one
+ * `http.request` per exchange, bodies streamed both ways with backpressure. The bridge's status,
+ * headers and body come back unchanged, in one `writeHead` with the gateway's usage headers added.
+ * What happens when is decided by the state machine of proxy/exchange.ts; this module only turns
+ * socket events into its events and its actions into socket calls. (WebSocket upgrades are
+ * joined in ws/bridge-proxy.ts.)
  */
 
 export interface ForwardRequest {
@@ -30,9 +29,9 @@ export interface ForwardRequest {
   readonly clientAddress: string;
   /** Added to the bridge's answer, and to a 502/504/413 the forwarder writes. */
   readonly answerHeaders: HeaderList;
+  /** Request fields never forwarded (lower case). */
+  readonly droppedHeaders?: ReadonlySet<string>;
 }
-
-type ForwardOutcome = 'answered' | 'unreachable' | 'timeout' | 'too-large' | 'broken' | 'client-gone';
 
 export interface ForwardResult {
   /** What the client got (499: it left first). */
@@ -41,421 +40,323 @@ export interface ForwardResult {
   readonly upstreamMs: number | undefined;
 }
 
-export interface UpgradeRequest {
-  readonly incoming: IncomingMessage;
-  readonly socket: Duplex;
-  readonly head: Buffer;
-  readonly bridge: BridgeName;
-  readonly target: string;
-  readonly requestId: string;
-  readonly clientAddress: string;
-  /** Added to the 101 and to a 502/504 the forwarder writes. */
-  readonly answerHeaders: HeaderList;
-  /** Called once the bridge accepted the upgrade and the two sockets are joined, before a byte flows between them. */
-  readonly onOpen: (client: Duplex, bridge: Socket) => void;
-  readonly onDone: (status: number) => void;
-}
-
-interface Exchange {
-  readonly request: ForwardRequest;
-  readonly started: number;
-  readonly timer: NodeJS.Timeout;
-  readonly resolve: (result: ForwardResult) => void;
-  proxyReq: ClientRequest | undefined;
-  status: number | undefined;
-  upstreamMs: number | undefined;
-  outcome: ForwardOutcome | undefined;
-  retried: boolean;
-}
-
-interface UpgradeExchange {
-  readonly request: UpgradeRequest;
-  readonly timer: NodeJS.Timeout;
-  settled: boolean;
-  proxyReq: ClientRequest | undefined;
-}
-
-const EXCHANGE = Symbol('oapi.exchange');
-const UPGRADE = Symbol('oapi.upgrade');
-type Tagged = IncomingMessage & { [EXCHANGE]?: Exchange; [UPGRADE]?: UpgradeExchange };
-
-const RETRYABLE = new Set(['GET', 'HEAD']);
-/** Logged as the status of a request whose client left before its answer (nginx's convention). */
-const CLIENT_GONE = 499;
-
 export interface ForwarderOptions {
   readonly bridges: Readonly<Record<BridgeName, URL>>;
   readonly timeoutMs: number;
   readonly onError?: (err: Error, context: { bridge: BridgeName; phase: string }) => void;
 }
 
+/** Where one bridge is, and the connections to it. */
+export interface BridgeTarget {
+  readonly name: BridgeName;
+  readonly request: typeof http.request;
+  readonly agent: http.Agent;
+  readonly hostname: string;
+  readonly port: number;
+  /** The bridge URL's path, to which the normalised path is appended (no trailing slash). */
+  readonly basePath: string;
+  /** `Host` as the bridge expects it. */
+  readonly host: string;
+}
+
+export function bridgeTarget(name: BridgeName, url: URL): BridgeTarget {
+  const secure = url.protocol === 'https:';
+  const agent = new (secure ? https.Agent : http.Agent)({
+    keepAlive: true,
+    keepAliveMsecs: 1000,
+    maxFreeSockets: 256,
+    scheduling: 'lifo',
+  });
+  return {
+    name,
+    request: secure ? https.request : http.request,
+    agent,
+    hostname: url.hostname.replace(/^\[(.*)\]$/, '$1'),
+    port: Number(url.port || (secure ? 443 : 80)),
+    basePath: url.pathname.replace(/\/+$/, ''),
+    host: url.host,
+  };
+}
+
+/** Logged as the status of a request whose client left before its answer (nginx's convention). */
+const CLIENT_GONE = 499;
+const RESENDABLE_METHODS = new Set(['GET', 'HEAD']);
+
 export class Forwarder {
-  readonly #proxies = new Map<BridgeName, RequestHandler>();
-  /** Accepted upgrades between the bridge's 101 and http-proxy joining the sockets. */
-  readonly #joining = new WeakMap<Socket, UpgradeExchange>();
-  readonly #agents: Array<http.Agent>;
+  readonly #targets: Readonly<Record<BridgeName, BridgeTarget>>;
   readonly #timeoutMs: number;
   readonly #onError: NonNullable<ForwarderOptions['onError']>;
 
   constructor(options: ForwarderOptions) {
     this.#timeoutMs = options.timeoutMs;
     this.#onError = options.onError ?? (() => {});
-    this.#agents = [];
-    for (const bridge of BRIDGES) {
-      const url = options.bridges[bridge];
-      const secure = url.protocol === 'https:';
-      const agent = new (secure ? https.Agent : http.Agent)({
-        keepAlive: true,
-        keepAliveMsecs: 1000,
-        maxFreeSockets: 256,
-        scheduling: 'lifo',
-      });
-      this.#agents.push(agent);
-      this.#proxies.set(bridge, this.#createProxy(bridge, url, agent));
-    }
+    const targets = {} as Record<BridgeName, BridgeTarget>;
+    for (const bridge of BRIDGES) targets[bridge] = bridgeTarget(bridge, options.bridges[bridge]);
+    this.#targets = targets;
   }
 
   /** Forwards one request; resolves when the client's answer is complete (or the client left). */
   forward(request: ForwardRequest): Promise<ForwardResult> {
     return new Promise((resolve) => {
-      const { incoming, outgoing } = request;
-      // The client left while its request was checked: nothing goes to the bridge.
-      if (outgoing.destroyed || incoming.socket.destroyed) {
-        resolve({ status: CLIENT_GONE, upstreamMs: undefined });
-        return;
-      }
-      const exchange: Exchange = {
-        request,
-        started: performance.now(),
-        timer: setTimeout(() => this.#timedOut(exchange), this.#timeoutMs),
-        resolve,
-        proxyReq: undefined,
-        status: undefined,
-        upstreamMs: undefined,
-        outcome: undefined,
-        retried: false,
-      };
-      outgoing.once('close', () => {
-        clearTimeout(exchange.timer);
-        if (!outgoing.writableFinished) {
-          exchange.outcome ??= 'client-gone';
-          exchange.proxyReq?.destroy();
-        }
-        resolve({
-          status: exchange.outcome === 'client-gone' ? CLIENT_GONE : (exchange.status ?? outgoing.statusCode),
-          upstreamMs: exchange.upstreamMs,
-        });
-      });
-
-      prepareRequestHeaders(incoming.headers, {
-        clientAddress: request.clientAddress,
-        proto: isEncrypted(incoming) ? 'https' : 'http',
-        requestId: request.requestId,
-        bodyLength: request.body?.length,
-      });
-      if (!request.body && incoming.headers['transfer-encoding'] !== undefined) this.#capStreamedBody(exchange);
-      if (!request.body && !declaresBody(incoming)) {
-        // By its headers this request has no body, so none is sent. Bytes that arrive all the same
-        // were framed by a header the gateway did not see: the connection cannot be trusted any more.
-        incoming.once('data', () => {
-          this.#onError(new Error('body bytes on a request without Content-Length or Transfer-Encoding'), {
-            bridge: request.bridge,
-            phase: 'request',
-          });
-          this.#broken(exchange, outgoing);
-          incoming.socket.destroy();
-        });
-      }
-      this.#send(exchange);
+      new HttpExchange(this.#targets[request.bridge], this.#timeoutMs, this.#onError, request, resolve).start();
     });
-  }
-
-  /** Hands an accepted WebSocket upgrade to the bridge (INTERFACE §8); frames then flow both ways. */
-  upgrade(request: UpgradeRequest): void {
-    const { incoming, socket } = request;
-    if (socket.destroyed) {
-      request.onDone(CLIENT_GONE);
-      return;
-    }
-    const exchange: UpgradeExchange = {
-      request,
-      settled: false,
-      proxyReq: undefined,
-      timer: setTimeout(() => this.#upgradeFailed(exchange, 504, 'Bridge did not answer in time'), this.#timeoutMs),
-    };
-    socket.once('close', () => {
-      clearTimeout(exchange.timer);
-      // The client left before the bridge answered: nothing is waiting for the bridge any more.
-      if (!exchange.settled) {
-        exchange.settled = true;
-        exchange.proxyReq?.destroy();
-        request.onDone(CLIENT_GONE);
-      }
-    });
-    prepareRequestHeaders(incoming.headers, {
-      clientAddress: request.clientAddress,
-      proto: isEncrypted(incoming) ? 'https' : 'http',
-      requestId: request.requestId,
-      upgrade: true,
-    });
-    incoming.url = request.target;
-    (incoming as Tagged)[UPGRADE] = exchange;
-    const proxy = this.#proxies.get(request.bridge) as RequestHandler & {
-      upgrade: (req: IncomingMessage, socket: Duplex, head: Buffer) => void;
-    };
-    proxy.upgrade(incoming, socket, request.head);
   }
 
   close(): void {
-    for (const agent of this.#agents) agent.destroy();
+    for (const bridge of BRIDGES) this.#targets[bridge].agent.destroy();
   }
+}
 
-  #send(exchange: Exchange): void {
-    const { request } = exchange;
-    const source =
-      request.body || !declaresBody(request.incoming)
-        ? bufferedRequest(request.incoming, request.body)
-        : request.incoming;
-    source.url = request.target;
-    (source as Tagged)[EXCHANGE] = exchange;
-    const proxy = this.#proxies.get(request.bridge) as RequestHandler;
-    void proxy(source, request.outgoing, (err?: unknown) => {
-      if (err) this.#failed(exchange, err as Error);
+/** How the request's body reaches the bridge. */
+type BodySource = 'buffered' | 'none' | 'streamed';
+
+/** The sockets of one exchange; every decision is step()'s. */
+class HttpExchange {
+  readonly #target: BridgeTarget;
+  readonly #timeoutMs: number;
+  readonly #onError: NonNullable<ForwarderOptions['onError']>;
+  readonly #request: ForwardRequest;
+  readonly #resolve: (result: ForwardResult) => void;
+  readonly #started = performance.now();
+  readonly #source: BodySource;
+  readonly #headers: string[];
+  #state: ExchangeState = START;
+  #timer: NodeJS.Timeout | undefined;
+  #bridgeRequest: ClientRequest | undefined;
+  #bridgeResponse: IncomingMessage | undefined;
+  #status: number | undefined;
+  #upstreamMs: number | undefined;
+  #bodyBytes = 0;
+
+  constructor(
+    target: BridgeTarget,
+    timeoutMs: number,
+    onError: NonNullable<ForwarderOptions['onError']>,
+    request: ForwardRequest,
+    resolve: (result: ForwardResult) => void,
+  ) {
+    this.#target = target;
+    this.#timeoutMs = timeoutMs;
+    this.#onError = onError;
+    this.#request = request;
+    this.#resolve = resolve;
+    const { incoming } = request;
+    const transferEncoding = incoming.headers['transfer-encoding'];
+    const contentLength = incoming.headers['content-length'];
+    let framing: BodyFraming;
+    if (request.body) {
+      this.#source = 'buffered';
+      framing = { kind: 'length', length: request.body.length };
+    } else if (transferEncoding !== undefined) {
+      this.#source = 'streamed';
+      framing = { kind: 'chunked' };
+    } else if (contentLength !== undefined && contentLength !== '0') {
+      this.#source = 'streamed';
+      framing = { kind: 'length', length: Number(contentLength) };
+    } else {
+      // RFC 9112 §6.3: without either field a request has no body, and none is sent.
+      this.#source = 'none';
+      framing = contentLength === '0' ? { kind: 'length', length: 0 } : { kind: 'none' };
+    }
+    this.#headers = requestHeaderList(incoming.rawHeaders, {
+      bridgeHost: target.host,
+      clientAddress: request.clientAddress,
+      proto: (incoming.socket as Socket & { encrypted?: boolean }).encrypted ? 'https' : 'http',
+      requestId: request.requestId,
+      framing,
+      ...(request.droppedHeaders ? { dropped: request.droppedHeaders } : {}),
     });
   }
 
-  #createProxy(bridge: BridgeName, url: URL, agent: http.Agent): RequestHandler {
-    const hostname = url.hostname.replace(/^\[(.*)\]$/, '$1');
-    // The bridge's base path, to which the normalised path is appended.
-    const basePath = url.pathname.replace(/\/+$/, '');
-    // A pre-parsed target spares http-proxy a URL parse per request.
-    const target = {
-      protocol: url.protocol,
-      host: url.hostname,
-      hostname,
-      port: url.port || (url.protocol === 'https:' ? '443' : '80'),
-      path: url.pathname === '/' ? '' : url.pathname,
-    };
-    return createProxyMiddleware<IncomingMessage, ServerResponse>({
-      target: target,
-      agent,
-      changeOrigin: true,
-      // Spares http-proxy a URL parse of the path; the exact path is set on each request (proxyReq below).
-      toProxy: true,
-      selfHandleResponse: true,
-      ejectPlugins: true,
-      plugins: [proxyEventsPlugin],
-      on: {
-        proxyReq: (proxyReq, req) => {
-          const exchange = (req as Tagged)[EXCHANGE];
-          if (!exchange) return;
-          if (exchange.outcome !== undefined) {
-            proxyReq.destroy();
-            return;
-          }
-          exchange.proxyReq = proxyReq;
-          // Exactly the path that was counted: http-proxy's own join rewrites "http:/" inside a path.
-          // (This event comes before the request head is written.)
-          proxyReq.path = basePath + exchange.request.target;
-          // The bridge has UPSTREAM_TIMEOUT_MS to answer from the moment it has the whole request.
-          proxyReq.once('finish', () => {
-            if (exchange.status === undefined) exchange.timer.refresh();
-          });
-        },
-        proxyRes: (proxyRes, req, res) => this.#answer((req as Tagged)[EXCHANGE], proxyRes, res),
-        error: (err, req, res) => {
-          const upgrade = (req as Tagged)[UPGRADE];
-          if (upgrade) {
-            this.#onError(err, { bridge, phase: 'upgrade' });
-            this.#upgradeFailed(upgrade, 502, 'Bridge unreachable');
-            return;
-          }
-          const exchange = (req as Tagged)[EXCHANGE];
-          if (exchange) this.#failed(exchange, err);
-          else if (res && 'destroy' in res) (res as Duplex).destroy();
-        },
-        // Emitted by http-proxy right after it piped the two sockets, before any byte flows.
-        open: (bridgeSocket: Socket) => {
-          const upgrade = this.#joining.get(bridgeSocket);
-          if (!upgrade) return;
-          this.#joining.delete(bridgeSocket);
-          upgrade.request.onOpen(upgrade.request.socket, bridgeSocket);
-        },
-        proxyReqWs: (proxyReq, req) => {
-          const upgrade = (req as Tagged)[UPGRADE];
-          if (!upgrade) return;
-          upgrade.proxyReq = proxyReq;
-          proxyReq.path = basePath + upgrade.request.target;
-          proxyReq.once('upgrade', (res: IncomingMessage, bridgeSocket: Socket) => {
-            // http-proxy writes the 101 from res.headers right after this listener.
-            for (const [name, value] of upgrade.request.answerHeaders) res.headers[name.toLowerCase()] = value;
-            upgrade.settled = true;
-            clearTimeout(upgrade.timer);
-            // Watching the sockets must wait for http-proxy's pipes ('open'): a reader attached
-            // now would take the frames the bridge sent along with its 101 before the client's pipe exists.
-            this.#joining.set(bridgeSocket, upgrade);
-            upgrade.request.onDone(101);
-          });
-          proxyReq.once('response', (res: IncomingMessage) => {
-            // The bridge refused the upgrade; http-proxy passes its answer through as it is.
-            upgrade.settled = true;
-            clearTimeout(upgrade.timer);
-            upgrade.request.onDone(res.statusCode ?? 502);
-          });
-        },
-      },
-    });
-  }
-
-  #answer(exchange: Exchange | undefined, proxyRes: IncomingMessage, res: ServerResponse): void {
-    if (!exchange || exchange.outcome !== undefined || res.headersSent) {
-      proxyRes.destroy();
+  start(): void {
+    const { incoming, outgoing } = this.#request;
+    // The client left while its request was checked: nothing goes to the bridge.
+    if (outgoing.destroyed || incoming.socket.destroyed) {
+      this.#resolve({ status: CLIENT_GONE, upstreamMs: undefined });
       return;
     }
-    exchange.status = proxyRes.statusCode ?? 502;
-    exchange.upstreamMs = performance.now() - exchange.started;
-    // From here the same timer watches for a bridge that stalls mid-body.
-    exchange.timer.refresh();
-    proxyRes.on('data', () => exchange.timer.refresh());
-    proxyRes.once('error', () => this.#broken(exchange, res));
-    proxyRes.once('aborted', () => this.#broken(exchange, res));
-    proxyRes.once('end', () => clearTimeout(exchange.timer));
-    res.writeHead(
-      exchange.status,
-      proxyRes.statusMessage,
-      responseHeaderList(proxyRes.rawHeaders, proxyRes.headers.connection, exchange.request.answerHeaders),
+    outgoing.once('close', this.#onClientClose);
+    this.#timer = setTimeout(this.#onTimer, this.#timeoutMs);
+    this.#send();
+    if (this.#source === 'streamed') {
+      incoming.on('data', this.#onBodyData);
+      incoming.once('end', this.#onBodyEnd);
+    } else if (this.#source === 'none') {
+      // Bytes for a request that announced none were framed by something the gateway did not see.
+      incoming.once('data', this.#onUnannouncedBody);
+    }
+  }
+
+  #send(): void {
+    const { incoming, target, body } = this.#request;
+    const bridgeRequest = this.#target.request({
+      agent: this.#target.agent,
+      hostname: this.#target.hostname,
+      port: this.#target.port,
+      method: incoming.method,
+      path: this.#target.basePath + target,
+      headers: this.#headers,
+      setHost: false,
+    });
+    this.#bridgeRequest = bridgeRequest;
+    bridgeRequest.once('response', this.#onResponse);
+    bridgeRequest.once('finish', this.#onRequestSent);
+    bridgeRequest.on('error', (err: NodeJS.ErrnoException) => this.#onBridgeError(bridgeRequest, err));
+    if (this.#source === 'buffered') bridgeRequest.end(body);
+    else if (this.#source === 'none') bridgeRequest.end();
+  }
+
+  #dispatch(event: ExchangeEvent): void {
+    const { state, actions } = step(this.#state, event);
+    this.#state = state;
+    for (const action of actions) this.#act(action);
+  }
+
+  #act(action: ExchangeAction): void {
+    switch (action) {
+      case 'refresh-timer':
+        this.#timer?.refresh();
+        return;
+      case 'clear-timer':
+        clearTimeout(this.#timer);
+        return;
+      case 'abort-bridge':
+        this.#bridgeRequest?.destroy();
+        this.#bridgeResponse?.destroy();
+        return;
+      case 'resend':
+        this.#send();
+        return;
+      case 'pass-answer':
+        this.#passAnswer();
+        return;
+      case 'answer-502':
+        this.#answer(502, 'Bridge unreachable');
+        return;
+      case 'answer-504':
+        this.#answer(504, 'Bridge did not answer in time');
+        return;
+      case 'answer-413':
+        this.#answer(413, `Request body is larger than ${this.#request.maxBodyBytes} bytes`, [['Connection', 'close']]);
+        return;
+      case 'stop-reading': {
+        const { incoming, outgoing } = this.#request;
+        incoming.off('data', this.#onBodyData);
+        incoming.pause();
+        // The rest of the body is never read: the connection closes after the answer.
+        outgoing.shouldKeepAlive = false;
+        return;
+      }
+      case 'close-client':
+        this.#request.outgoing.destroy();
+        this.#request.incoming.socket.destroy();
+        return;
+    }
+  }
+
+  #passAnswer(): void {
+    const response = this.#bridgeResponse as IncomingMessage;
+    const { outgoing, answerHeaders } = this.#request;
+    outgoing.writeHead(
+      this.#status as number,
+      response.statusMessage,
+      responseHeaderList(response.rawHeaders, response.headers.connection, answerHeaders),
     );
-    proxyRes.pipe(res);
+    response.on('data', this.#onResponseData);
+    response.once('end', this.#onResponseEnd);
+    response.once('close', this.#onResponseClose);
+    response.pipe(outgoing);
   }
 
-  #timedOut(exchange: Exchange): void {
-    if (exchange.status === undefined && !exchange.request.incoming.complete && !exchange.proxyReq?.writableNeedDrain) {
-      // The client is still sending its body and the bridge takes all that comes: the client is
-      // the slow one, which the server's REQUEST_TIMEOUT_MS bounds (408). A bridge that stops
-      // reading makes writes back up (needDrain), and then it is the bridge's 504; once the whole
-      // request has arrived, any further wait is the bridge's (or the connection to it).
-      exchange.timer.refresh();
-      return;
-    }
-    if (exchange.status !== undefined) {
-      // Headers were sent and the bridge stalled: all that is left is to close.
-      this.#broken(exchange, exchange.request.outgoing);
-      return;
-    }
-    exchange.outcome = 'timeout';
-    exchange.proxyReq?.destroy();
-    this.#write(exchange, 504, 'Bridge did not answer in time');
-  }
-
-  #failed(exchange: Exchange, err: Error): void {
-    if (exchange.outcome !== undefined) return;
-    const code = (err as NodeJS.ErrnoException).code;
-    if (
-      exchange.status === undefined &&
-      !exchange.retried &&
-      exchange.proxyReq?.reusedSocket &&
-      code === 'ECONNRESET' &&
-      RETRYABLE.has(exchange.request.incoming.method ?? '')
-    ) {
-      // A kept-alive socket the bridge had just closed: a safe request is sent once more (RFC 9112 §9.3.1).
-      exchange.retried = true;
-      exchange.proxyReq = undefined;
-      this.#send(exchange);
-      return;
-    }
-    this.#onError(err, {
-      bridge: exchange.request.bridge,
-      phase: exchange.status === undefined ? 'request' : 'response',
-    });
-    if (exchange.status !== undefined) {
-      this.#broken(exchange, exchange.request.outgoing);
-      return;
-    }
-    exchange.outcome = 'unreachable';
-    this.#write(exchange, 502, 'Bridge unreachable');
-  }
-
-  #broken(exchange: Exchange, res: ServerResponse): void {
-    clearTimeout(exchange.timer);
-    exchange.outcome ??= 'broken';
-    exchange.proxyReq?.destroy();
-    res.destroy();
-  }
-
-  #write(exchange: Exchange, status: number, message: string, extra: HeaderList = []): void {
-    clearTimeout(exchange.timer);
-    const { outgoing, answerHeaders } = exchange.request;
+  /** A gateway answer; only ever before the bridge's status line was passed on (step() sees to it). */
+  #answer(status: number, message: string, extra: HeaderList = []): void {
+    const { outgoing, answerHeaders } = this.#request;
     if (outgoing.headersSent || outgoing.destroyed) {
       outgoing.destroy();
       return;
     }
-    exchange.status = status;
-    writeAnswer(outgoing, status, message, [...answerHeaders, ...extra]);
+    this.#status = status;
+    writeAnswer(outgoing, status, message, extra.length ? [...answerHeaders, ...extra] : answerHeaders);
   }
 
-  /** Streams a body without a length, cutting it off at `maxBodyBytes` instead of buffering it. */
-  #capStreamedBody(exchange: Exchange): void {
-    const { incoming, maxBodyBytes } = exchange.request;
-    let seen = 0;
-    const count = (chunk: Buffer): void => {
-      seen += chunk.length;
-      if (seen <= maxBodyBytes) return;
-      incoming.off('data', count);
-      exchange.outcome = 'too-large';
-      incoming.unpipe();
-      exchange.proxyReq?.destroy();
-      // The rest of the body is never read: the connection closes after the answer.
-      exchange.request.outgoing.shouldKeepAlive = false;
-      this.#write(exchange, 413, `Request body is larger than ${maxBodyBytes} bytes`, [['Connection', 'close']]);
-    };
-    incoming.on('data', count);
+  readonly #onRequestSent = (): void => this.#dispatch({ type: 'request-sent' });
+
+  readonly #onResponse = (response: IncomingMessage): void => {
+    this.#bridgeResponse = response;
+    this.#status = response.statusCode ?? 502;
+    this.#upstreamMs = performance.now() - this.#started;
+    this.#dispatch({ type: 'response' });
+  };
+
+  // Progress of the answer keeps a bridge that is still sending from being taken for a stalled one.
+  readonly #onResponseData = (): void => {
+    this.#timer?.refresh();
+  };
+  readonly #onResponseEnd = (): void => this.#dispatch({ type: 'response-end' });
+  readonly #onResponseClose = (): void => {
+    if (!this.#bridgeResponse?.complete) this.#dispatch({ type: 'response-broken' });
+  };
+
+  #onBridgeError(bridgeRequest: ClientRequest, err: NodeJS.ErrnoException): void {
+    // An attempt already given up (aborted, or replaced by a resend) has nothing more to say.
+    if (bridgeRequest !== this.#bridgeRequest || isEnded(this.#state)) return;
+    const resendable =
+      this.#status === undefined &&
+      this.#source === 'none' &&
+      bridgeRequest.reusedSocket &&
+      err.code === 'ECONNRESET' &&
+      RESENDABLE_METHODS.has(this.#request.incoming.method ?? '');
+    if (!resendable || this.#state.resent) {
+      this.#onError(err, { bridge: this.#target.name, phase: this.#status === undefined ? 'request' : 'response' });
+    }
+    this.#dispatch({ type: 'bridge-error', resendable });
   }
 
-  #upgradeFailed(exchange: UpgradeExchange, status: number, message: string): void {
-    const { socket } = exchange.request;
-    if (exchange.settled) {
-      socket.destroy();
+  readonly #onTimer = (): void => {
+    this.#dispatch({
+      type: 'timer',
+      // The client is the slow one while its body still arrives and the bridge reads all of it; a
+      // bridge that stops reading makes the writes back up.
+      clientStillSending: !this.#request.incoming.complete,
+      bridgeBackedUp: this.#bridgeRequest?.writableNeedDrain ?? false,
+    });
+  };
+
+  readonly #onBodyData = (chunk: Buffer): void => {
+    this.#bodyBytes += chunk.length;
+    if (this.#bodyBytes > this.#request.maxBodyBytes) {
+      this.#dispatch({ type: 'body-too-large' });
       return;
     }
-    exchange.settled = true;
-    clearTimeout(exchange.timer);
-    exchange.proxyReq?.destroy();
-    exchange.request.onDone(status);
-    if (socket.writable) socket.end(rawAnswer(status, message, exchange.request.answerHeaders));
-    else socket.destroy();
-  }
-}
+    const bridgeRequest = this.#bridgeRequest as ClientRequest;
+    if (!bridgeRequest.write(chunk)) {
+      const { incoming } = this.#request;
+      incoming.pause();
+      bridgeRequest.once('drain', () => {
+        if (!isEnded(this.#state)) incoming.resume();
+      });
+    }
+  };
 
-function isEncrypted(incoming: IncomingMessage): boolean {
-  return Boolean((incoming.socket as Socket & { encrypted?: boolean }).encrypted);
-}
+  readonly #onBodyEnd = (): void => {
+    if (!isEnded(this.#state)) this.#bridgeRequest?.end();
+  };
 
-/** Whether the request's own headers announce a body (RFC 9112 §6.3: without either field, a request has none). */
-function declaresBody(incoming: IncomingMessage): boolean {
-  return incoming.headers['transfer-encoding'] !== undefined || (incoming.headers['content-length'] ?? '0') !== '0';
-}
+  readonly #onUnannouncedBody = (): void => {
+    this.#onError(new Error('body bytes on a request whose headers announce no body'), {
+      bridge: this.#target.name,
+      phase: 'request',
+    });
+    this.#dispatch({ type: 'framing-mismatch' });
+  };
 
-/**
- * The client's request with a body the gateway already read (or with none), for http-proxy to pipe
- * as if it came from the socket: nothing the client sends afterwards reaches the bridge.
- */
-function bufferedRequest(incoming: IncomingMessage, body: Buffer | undefined): IncomingMessage {
-  // A plain stream that pushes the body once (Readable.from would go through an async iterator).
-  const stream = new Readable({
-    read() {
-      if (body?.length) this.push(body);
-      this.push(null);
-    },
-  });
-  return Object.assign(stream, {
-    method: incoming.method,
-    url: incoming.url,
-    headers: incoming.headers,
-    rawHeaders: incoming.rawHeaders,
-    httpVersion: incoming.httpVersion,
-    httpVersionMajor: incoming.httpVersionMajor,
-    httpVersionMinor: incoming.httpVersionMinor,
-    socket: incoming.socket,
-    connection: incoming.socket,
-  }) as unknown as IncomingMessage;
+  readonly #onClientClose = (): void => {
+    const { outgoing } = this.#request;
+    if (!outgoing.writableFinished) this.#dispatch({ type: 'client-gone' });
+    clearTimeout(this.#timer);
+    this.#resolve({
+      status: this.#state.phase === 'client-gone' ? CLIENT_GONE : (this.#status ?? outgoing.statusCode),
+      upstreamMs: this.#upstreamMs,
+    });
+  };
 }

@@ -1,13 +1,15 @@
-import type { IncomingHttpHeaders } from 'node:http';
-
 /**
- * Header rules of one proxy hop. Hop-by-hop fields (RFC 9110 §7.6.1, plus every field named
- * in `Connection`) describe one connection and are not forwarded; `Expect` is answered by the
- * gateway's own server (RFC 9110 §10.1.1) and not passed on. The bridges' credentials
- * (`Authorization`, `x-otp-token`) are end-to-end and pass untouched.
+ * Header rules of one proxy hop (README "Forwarding"). Hop-by-hop fields (RFC 9110 §7.6.1, plus
+ * every field named in `Connection`) describe one connection and are not forwarded; `Expect` is
+ * answered by the gateway's own server (RFC 9110 §10.1.1); framing is the gateway's own; fields
+ * that would let a bridge act on another method or path than the one counted are dropped. The
+ * bridges' credentials (`Authorization`, `x-otp-token`) are end-to-end and pass untouched.
+ *
+ * Headers travel as flat `[name, value, name, value, …]` lists, as Node reads them (rawHeaders)
+ * and writes them (http.request, writeHead): names and repeated fields stay exactly as sent.
  */
 
-export const HOP_BY_HOP = new Set([
+const HOP_BY_HOP = new Set([
   'connection',
   'keep-alive',
   'proxy-connection',
@@ -21,7 +23,7 @@ export const HOP_BY_HOP = new Set([
 
 /**
  * Fields with which some frameworks let a request claim another method or path than the one it
- * was counted for (README "Forwarding"): the bridge must act on exactly what was counted.
+ * was counted for: the bridge must act on exactly what was counted.
  */
 export const REINTERPRETING = [
   'x-http-method-override',
@@ -31,52 +33,17 @@ export const REINTERPRETING = [
   'x-rewrite-url',
 ];
 
-const NO_TOKENS: string[] = [];
-
-function connectionTokens(value: string | string[] | undefined): string[] {
-  // The usual values name only hop-by-hop fields, which are dropped anyway.
-  if (value === undefined || value === 'keep-alive' || value === 'close' || value === 'Keep-Alive') return NO_TOKENS;
-  return (Array.isArray(value) ? value.join(',') : value)
-    .split(',')
-    .map((t) => t.trim().toLowerCase())
-    .filter(Boolean);
-}
-
-export interface ForwardHeaderValues {
-  readonly clientAddress: string;
-  readonly proto: 'http' | 'https';
-  readonly requestId: string;
-  /** Length of a body the gateway already read (it replaces the original framing). */
-  readonly bodyLength?: number | undefined;
-  /** WebSocket upgrades keep `Upgrade` and `Connection`: they are the request. */
-  readonly upgrade?: boolean;
-}
-
-/** Rewrites the client's headers in place into the headers the bridge receives. */
-export function prepareRequestHeaders(headers: IncomingHttpHeaders, values: ForwardHeaderValues): void {
-  const chunked = headers['transfer-encoding'] !== undefined && headers['content-length'] === undefined;
-  const dropped = connectionTokens(headers.connection);
-  const upgrade = values.upgrade ? { connection: headers.connection, upgrade: headers.upgrade } : undefined;
-  for (const name of HOP_BY_HOP) delete headers[name];
-  for (const name of REINTERPRETING) delete headers[name];
-  for (const name of dropped) if (!PROTECTED.has(name)) delete headers[name];
-  delete headers.expect;
-  if (upgrade) {
-    headers.connection = upgrade.connection;
-    headers.upgrade = upgrade.upgrade;
-  }
-
-  if (values.bodyLength !== undefined) headers['content-length'] = String(values.bodyLength);
-  // Framing is per hop: a chunked body stays chunked on the next hop.
-  else if (chunked) headers['transfer-encoding'] = 'chunked';
-
-  const forwardedFor = headers['x-forwarded-for'];
-  headers['x-forwarded-for'] = forwardedFor ? `${String(forwardedFor)}, ${values.clientAddress}` : values.clientAddress;
-  // The gateway is the public edge: it states the scheme and host the client used.
-  headers['x-forwarded-proto'] = values.proto;
-  headers['x-forwarded-host'] = headers.host ?? '';
-  headers['x-request-id'] = values.requestId;
-}
+/** Request fields the gateway writes itself (below), whatever the client sent. */
+const REWRITTEN = new Set([
+  ...REINTERPRETING,
+  'expect',
+  'host',
+  'content-length',
+  'x-forwarded-for',
+  'x-forwarded-proto',
+  'x-forwarded-host',
+  'x-request-id',
+]);
 
 /** Fields a `Connection` header may not remove: they are the request itself, or the gateway's own. */
 const PROTECTED = new Set([
@@ -90,7 +57,81 @@ const PROTECTED = new Set([
   'x-otp-token',
 ]);
 
-/** Fields the gateway itself writes on every counted answer (INTERFACE §6). */
+const NO_TOKENS: readonly string[] = [];
+
+/** The field names a `Connection` header lists (RFC 9110 §7.6.1). */
+export function connectionTokens(value: string | string[] | undefined): readonly string[] {
+  // The usual values name only hop-by-hop fields, which are dropped anyway.
+  if (value === undefined || value === 'keep-alive' || value === 'close' || value === 'Keep-Alive') return NO_TOKENS;
+  return (Array.isArray(value) ? value.join(',') : value)
+    .split(',')
+    .map((t) => t.trim().toLowerCase())
+    .filter(Boolean);
+}
+
+export type BodyFraming =
+  /** No body: neither field is sent. */
+  | { readonly kind: 'none' }
+  /** A body of this many bytes. */
+  | { readonly kind: 'length'; readonly length: number }
+  /** A body of unknown length, sent chunked (framing is per hop). */
+  | { readonly kind: 'chunked' };
+
+export interface ForwardHeaderValues {
+  /** `Host` for the bridge: its own host and port. */
+  readonly bridgeHost: string;
+  readonly clientAddress: string;
+  readonly proto: 'http' | 'https';
+  readonly requestId: string;
+  readonly framing: BodyFraming;
+  /** Further fields never forwarded (lower case), e.g. the API key's header. */
+  readonly dropped?: ReadonlySet<string>;
+  /** A WebSocket upgrade keeps `Connection: Upgrade` and `Upgrade`: they are the request. */
+  readonly upgrade?: string | undefined;
+}
+
+/** The headers the bridge receives, from the client's raw headers. */
+export function requestHeaderList(rawHeaders: readonly string[], values: ForwardHeaderValues): string[] {
+  const out: string[] = [];
+  let connection: string | undefined;
+  for (let i = 0; i < rawHeaders.length; i += 2) {
+    if ((rawHeaders[i] as string).toLowerCase() === 'connection') {
+      connection = connection === undefined ? rawHeaders[i + 1] : `${connection},${rawHeaders[i + 1]}`;
+    }
+  }
+  const named = connectionTokens(connection);
+  let forwardedFor: string | undefined;
+  let clientHost = '';
+  for (let i = 0; i < rawHeaders.length; i += 2) {
+    const name = rawHeaders[i] as string;
+    const value = rawHeaders[i + 1] as string;
+    const lower = name.toLowerCase();
+    if (lower === 'x-forwarded-for') forwardedFor = forwardedFor === undefined ? value : `${forwardedFor}, ${value}`;
+    else if (lower === 'host') clientHost ||= value;
+    if (HOP_BY_HOP.has(lower) || REWRITTEN.has(lower) || values.dropped?.has(lower)) continue;
+    if (named.length > 0 && named.includes(lower) && !PROTECTED.has(lower)) continue;
+    out.push(name, value);
+  }
+  out.push('Host', values.bridgeHost);
+  if (values.upgrade !== undefined) out.push('Connection', 'Upgrade', 'Upgrade', values.upgrade);
+  const { framing } = values;
+  if (framing.kind === 'length') out.push('Content-Length', String(framing.length));
+  else if (framing.kind === 'chunked') out.push('Transfer-Encoding', 'chunked');
+  out.push(
+    'X-Forwarded-For',
+    forwardedFor ? `${forwardedFor}, ${values.clientAddress}` : values.clientAddress,
+    // The gateway is the public edge: it states the scheme and host the client used.
+    'X-Forwarded-Proto',
+    values.proto,
+    'X-Forwarded-Host',
+    clientHost,
+    'X-Request-Id',
+    values.requestId,
+  );
+  return out;
+}
+
+/** Fields the gateway itself writes on every counted answer (README "Headers and answers"). */
 const GATEWAY_FIELDS = new Set([
   'x-ratelimit-limit-hour',
   'x-ratelimit-remaining-hour',
@@ -102,21 +143,21 @@ const GATEWAY_FIELDS = new Set([
 ]);
 
 /**
- * The bridge's response headers as a flat `[name, value, …]` list for one `writeHead`: hop-by-hop
- * fields dropped, names and repeated fields kept exactly, the gateway's own fields added
- * (they replace a bridge field of the same name).
+ * The bridge's response headers as a flat list for one `writeHead`: hop-by-hop fields dropped,
+ * names and repeated fields kept exactly, the gateway's own fields added (they replace a bridge
+ * field of the same name).
  */
 export function responseHeaderList(
   rawHeaders: readonly string[],
   connection: string | string[] | undefined,
   own: ReadonlyArray<readonly [string, string]>,
 ): string[] {
-  const dropped = connectionTokens(connection);
+  const named = connectionTokens(connection);
   const out: string[] = [];
   for (let i = 0; i < rawHeaders.length; i += 2) {
     const name = rawHeaders[i] as string;
     const lower = name.toLowerCase();
-    if (HOP_BY_HOP.has(lower) || GATEWAY_FIELDS.has(lower) || (dropped.length > 0 && dropped.includes(lower))) continue;
+    if (HOP_BY_HOP.has(lower) || GATEWAY_FIELDS.has(lower) || (named.length > 0 && named.includes(lower))) continue;
     out.push(name, rawHeaders[i + 1] as string);
   }
   for (const [name, value] of own) out.push(name, value);

@@ -7,6 +7,7 @@ import type { Limiter } from '../limits/limiter.js';
 import type { Logger } from '../observability/logger.js';
 import type { GatewayMetrics } from '../observability/metrics.js';
 import type { Forwarder } from '../proxy/forwarder.js';
+import type { WebSocketProxy } from '../ws/bridge-proxy.js';
 import type { WebSocketConnections } from '../ws/connections.js';
 import { answer } from './answers.js';
 import { clientAddressOf } from './client-address.js';
@@ -31,6 +32,7 @@ export interface PublicAppDeps {
   readonly registry: KeyRegistry;
   readonly guard: InvalidKeyGuard;
   readonly forwarder: Forwarder;
+  readonly webSocketProxy: WebSocketProxy;
   readonly websockets: WebSocketConnections;
   readonly metrics: GatewayMetrics;
   readonly logger: Logger;
@@ -57,7 +59,12 @@ export function createPublicApp(deps: PublicAppDeps): Hono<GatewayEnv> {
   );
   app.all(
     '*',
-    forward({ forwarder: deps.forwarder, websockets: deps.websockets, maxBodyBytes: settings.maxBodyBytes }),
+    forward({
+      forwarder: deps.forwarder,
+      webSocketProxy: deps.webSocketProxy,
+      websockets: deps.websockets,
+      maxBodyBytes: settings.maxBodyBytes,
+    }),
   );
   app.onError((err, c) => {
     logger.error({ err, reqId: c.get('requestId') }, 'unexpected error');

@@ -10,6 +10,7 @@ import { createLogger } from '../../src/observability/logger.js';
 import { GatewayMetrics } from '../../src/observability/metrics.js';
 import { Forwarder } from '../../src/proxy/forwarder.js';
 import { createPublicApp } from '../../src/server/public-app.js';
+import { WebSocketProxy } from '../../src/ws/bridge-proxy.js';
 import { WebSocketConnections } from '../../src/ws/connections.js';
 
 /**
@@ -47,6 +48,7 @@ function app(mode: 'any' | 'registered' = 'any') {
     registry: new KeyRegistry(new MemoryIssuedKeyStore()),
     guard: new InvalidKeyGuard({ prefix: 't:', attempts: 100, windowSeconds: 60 }),
     forwarder: new Forwarder({ bridges: settings.bridges, timeoutMs: 100 }),
+    webSocketProxy: new WebSocketProxy({ bridges: settings.bridges, timeoutMs: 100 }),
     websockets: new WebSocketConnections(metrics),
     metrics,
     logger: createLogger('silent', new Writable({ write: (_c, _e, cb) => cb() })),

@@ -2,6 +2,7 @@ import type { Handler } from 'hono';
 import { RESPONSE_ALREADY_SENT } from '@hono/node-server/utils/response';
 import type { HeaderList } from '../../limits/headers.js';
 import type { Forwarder } from '../../proxy/forwarder.js';
+import type { WebSocketProxy } from '../../ws/bridge-proxy.js';
 import type { WebSocketConnections } from '../../ws/connections.js';
 import { answer } from '../answers.js';
 import type { GatewayEnv } from '../context.js';
@@ -14,12 +15,13 @@ import { withoutApiKey } from './api-key.js';
 
 export interface ForwardOptions {
   readonly forwarder: Forwarder;
+  readonly webSocketProxy: WebSocketProxy;
   readonly websockets: WebSocketConnections;
   readonly maxBodyBytes: number;
 }
 
 export function forward(options: ForwardOptions): Handler<GatewayEnv> {
-  const { forwarder, websockets, maxBodyBytes } = options;
+  const { forwarder, webSocketProxy, websockets, maxBodyBytes } = options;
   return async function forward(c) {
     const incoming = c.env?.incoming;
     // Only an in-process app.request() has no socket; there is nothing to forward it over.
@@ -32,7 +34,7 @@ export function forward(options: ForwardOptions): Handler<GatewayEnv> {
 
     if (upgrade) {
       const opened = await new Promise<number>((resolve) => {
-        forwarder.upgrade({
+        webSocketProxy.upgrade({
           incoming,
           socket: upgrade.socket,
           head: upgrade.head,

@@ -1,0 +1,187 @@
+import type { ClientRequest, IncomingMessage, ServerResponse } from 'node:http';
+import type { Socket } from 'node:net';
+import type { Duplex } from 'node:stream';
+import { createProxyMiddleware, proxyEventsPlugin, type RequestHandler } from 'http-proxy-middleware';
+import { BRIDGES, type BridgeName } from '../config/settings.js';
+import type { HeaderList } from '../limits/headers.js';
+import { requestHeaderList } from '../proxy/headers.js';
+import { rawAnswer } from '../server/answers.js';
+
+/**
+ * WebSocket upgrades to the bridges (README "WebSocket channels"), through http-proxy-middleware,
+ * which joins the handshake and the two sockets. The upgrade request gets the same header rules
+ * as any forwarded request (proxy/headers.ts); the bridge's 101 carries the usage headers. A bridge
+ * that cannot be reached gets the client a 502, one that does not answer the upgrade within
+ * `timeoutMs` a 504; a bridge that refuses the upgrade has its answer passed through.
+ */
+
+export interface UpgradeRequest {
+  readonly incoming: IncomingMessage;
+  readonly socket: Duplex;
+  readonly head: Buffer;
+  readonly bridge: BridgeName;
+  readonly target: string;
+  readonly requestId: string;
+  readonly clientAddress: string;
+  /** Added to the 101 and to a 502/504 the proxy writes. */
+  readonly answerHeaders: HeaderList;
+  /** Request fields never forwarded (lower case). */
+  readonly droppedHeaders?: ReadonlySet<string>;
+  /** Called once the bridge accepted the upgrade and the two sockets are joined, before a byte flows between them. */
+  readonly onOpen: (client: Duplex, bridge: Socket) => void;
+  readonly onDone: (status: number) => void;
+}
+
+interface Upgrade {
+  readonly request: UpgradeRequest;
+  readonly timer: NodeJS.Timeout;
+  settled: boolean;
+  bridgeRequest: ClientRequest | undefined;
+}
+
+/** Logged as the status of an upgrade whose client left before the bridge answered. */
+const CLIENT_GONE = 499;
+
+export interface WebSocketProxyOptions {
+  readonly bridges: Readonly<Record<BridgeName, URL>>;
+  readonly timeoutMs: number;
+  readonly onError?: (err: Error, context: { bridge: BridgeName; phase: string }) => void;
+}
+
+export class WebSocketProxy {
+  readonly #proxies = new Map<BridgeName, RequestHandler>();
+  readonly #hosts = new Map<BridgeName, string>();
+  /** Upgrades on their way, by the client's request (http-proxy's events name only the request). */
+  readonly #upgrades = new WeakMap<IncomingMessage, Upgrade>();
+  /** Accepted upgrades between the bridge's 101 and http-proxy joining the sockets. */
+  readonly #joining = new WeakMap<Socket, Upgrade>();
+  readonly #timeoutMs: number;
+  readonly #onError: NonNullable<WebSocketProxyOptions['onError']>;
+
+  constructor(options: WebSocketProxyOptions) {
+    this.#timeoutMs = options.timeoutMs;
+    this.#onError = options.onError ?? (() => {});
+    for (const bridge of BRIDGES) {
+      const url = options.bridges[bridge];
+      this.#hosts.set(bridge, url.host);
+      this.#proxies.set(bridge, this.#createProxy(bridge, url));
+    }
+  }
+
+  /** Hands an accepted WebSocket upgrade to the bridge; frames then flow both ways. */
+  upgrade(request: UpgradeRequest): void {
+    const { incoming, socket } = request;
+    if (socket.destroyed) {
+      request.onDone(CLIENT_GONE);
+      return;
+    }
+    const upgrade: Upgrade = {
+      request,
+      settled: false,
+      bridgeRequest: undefined,
+      timer: setTimeout(() => this.#failed(upgrade, 504, 'Bridge did not answer in time'), this.#timeoutMs),
+    };
+    socket.once('close', () => {
+      clearTimeout(upgrade.timer);
+      // The client left before the bridge answered: nothing is waiting for the bridge any more.
+      if (!upgrade.settled) {
+        upgrade.settled = true;
+        upgrade.bridgeRequest?.destroy();
+        request.onDone(CLIENT_GONE);
+      }
+    });
+    const headers = requestHeaderList(incoming.rawHeaders, {
+      bridgeHost: this.#hosts.get(request.bridge) as string,
+      clientAddress: request.clientAddress,
+      proto: (incoming.socket as Socket & { encrypted?: boolean }).encrypted ? 'https' : 'http',
+      requestId: request.requestId,
+      framing: { kind: 'none' },
+      upgrade: incoming.headers.upgrade ?? 'websocket',
+      ...(request.droppedHeaders ? { dropped: request.droppedHeaders } : {}),
+    });
+    // http-proxy writes the upgrade request from req.headers.
+    const object: Record<string, string> = {};
+    for (let i = 0; i < headers.length; i += 2) object[(headers[i] as string).toLowerCase()] = headers[i + 1] as string;
+    incoming.headers = object;
+    incoming.url = request.target;
+    this.#upgrades.set(incoming, upgrade);
+    const proxy = this.#proxies.get(request.bridge) as RequestHandler & {
+      upgrade: (req: IncomingMessage, socket: Duplex, head: Buffer) => void;
+    };
+    proxy.upgrade(incoming, socket, request.head);
+  }
+
+  #createProxy(bridge: BridgeName, url: URL): RequestHandler {
+    const hostname = url.hostname.replace(/^\[(.*)\]$/, '$1');
+    const basePath = url.pathname.replace(/\/+$/, '');
+    const target = {
+      protocol: url.protocol,
+      host: url.hostname,
+      hostname,
+      port: url.port || (url.protocol === 'https:' ? '443' : '80'),
+      path: url.pathname === '/' ? '' : url.pathname,
+    };
+    return createProxyMiddleware<IncomingMessage, ServerResponse>({
+      target: target,
+      changeOrigin: true,
+      toProxy: true,
+      ejectPlugins: true,
+      plugins: [proxyEventsPlugin],
+      on: {
+        error: (err, req, res) => {
+          const upgrade = this.#upgrades.get(req);
+          if (!upgrade) {
+            if (res && 'destroy' in res) (res as Duplex).destroy();
+            return;
+          }
+          this.#onError(err, { bridge, phase: 'upgrade' });
+          this.#failed(upgrade, 502, 'Bridge unreachable');
+        },
+        // Emitted by http-proxy right after it piped the two sockets, before any byte flows.
+        open: (bridgeSocket: Socket) => {
+          const upgrade = this.#joining.get(bridgeSocket);
+          if (!upgrade) return;
+          this.#joining.delete(bridgeSocket);
+          upgrade.request.onOpen(upgrade.request.socket, bridgeSocket);
+        },
+        proxyReqWs: (bridgeRequest, req) => {
+          const upgrade = this.#upgrades.get(req);
+          if (!upgrade) return;
+          upgrade.bridgeRequest = bridgeRequest;
+          // Exactly the path that was counted: http-proxy's own join rewrites "http:/" inside a path.
+          bridgeRequest.path = basePath + upgrade.request.target;
+          bridgeRequest.once('upgrade', (res: IncomingMessage, bridgeSocket: Socket) => {
+            // http-proxy writes the 101 from res.headers right after this listener.
+            for (const [name, value] of upgrade.request.answerHeaders) res.headers[name.toLowerCase()] = value;
+            upgrade.settled = true;
+            clearTimeout(upgrade.timer);
+            // Watching the sockets must wait for http-proxy's pipes ('open'): a reader attached
+            // now would take the frames the bridge sent along with its 101 before the client's pipe exists.
+            this.#joining.set(bridgeSocket, upgrade);
+            upgrade.request.onDone(101);
+          });
+          bridgeRequest.once('response', (res: IncomingMessage) => {
+            // The bridge refused the upgrade; http-proxy passes its answer through as it is.
+            upgrade.settled = true;
+            clearTimeout(upgrade.timer);
+            upgrade.request.onDone(res.statusCode ?? 502);
+          });
+        },
+      },
+    });
+  }
+
+  #failed(upgrade: Upgrade, status: number, message: string): void {
+    const { socket } = upgrade.request;
+    if (upgrade.settled) {
+      socket.destroy();
+      return;
+    }
+    upgrade.settled = true;
+    clearTimeout(upgrade.timer);
+    upgrade.bridgeRequest?.destroy();
+    upgrade.request.onDone(status);
+    if (socket.writable) socket.end(rawAnswer(status, message, upgrade.request.answerHeaders));
+    else socket.destroy();
+  }
+}
