@@ -24,9 +24,10 @@ import { TARGETS, judge, printReport, type BenchResult } from './report.js';
 import { assertAlive, log, runRounds, runSpentKey, smokeTest, type Knobs, type Setup } from './rounds.js';
 
 /**
- * `npm run bench` (INTERFACE §9): the upstream directly, a bare proxy and the Redis-backed
- * gateway, measured in one run with their rounds interleaved, so that whatever else the
- * machine is doing spreads over all three instead of favouring one.
+ * `npm run bench` (README "Scale and performance"): the upstream directly, a bare Node proxy, the
+ * hono floor, the Redis-backed gateway and the gateway with WORKERS=2, measured in one run with their
+ * rounds interleaved, so that whatever else the machine is doing spreads over all of them instead of
+ * favouring one.
  *
  * Knobs: BENCH_DURATION (seconds per measurement, 5), BENCH_ROUNDS (3), BENCH_CONNECTIONS (50),
  * BENCH_PROFILE (1: run the gateway under V8's CPU profiler and print where its CPU went).
@@ -59,10 +60,10 @@ function readKnobs(): Knobs {
 
 async function startEverything(tempDir: string, profileDir: string | undefined): Promise<Setup> {
   const redisServer = await startRedis(tempDir);
-  const serversDir = compileServers(tempDir);
+  const serversDir = compileServers();
   const upstream = await forkServer('upstream', serversDir, 'upstream.js');
   const bare = await forkServer('bare proxy', serversDir, 'bare-proxy.js', [upstream.url]);
-  const stack = await forkServer('stack floor', serversDir, 'stack-floor.js', [upstream.url, REPO_ROOT]);
+  const floor = await forkServer('hono floor', serversDir, 'hono-floor.js', [upstream.url]);
   const gatewayEnv = {
     REDIS_URL: redisServer.url,
     EQT_BRIDGE_URL: upstream.url,
@@ -72,6 +73,12 @@ async function startEverything(tempDir: string, profileDir: string | undefined):
     LIMITS_FILE: writeBenchLimits(tempDir),
   };
   const gateway = await startGateway(gatewayEnv, profileDir ? ['--cpu-prof', `--cpu-prof-dir=${profileDir}`] : []);
+  // Its own key prefix: its counters never meet the single worker's.
+  const workers2 = await startGateway(
+    { ...gatewayEnv, WORKERS: '2', REDIS_KEY_PREFIX: 'oapi-w2:' },
+    [],
+    'gateway (WORKERS=2)',
+  );
   const redis = new Redis(redisServer.url, { maxRetriesPerRequest: 1, lazyConnect: true });
   await redis.connect();
   const startRssMB = { gateway: rssMB(gateway.child.pid), bare: rssMB(bare.child.pid) };
@@ -79,8 +86,9 @@ async function startEverything(tempDir: string, profileDir: string | undefined):
     redis,
     upstream,
     bare,
-    stack,
+    floor,
     gateway,
+    workers2,
     gatewayEnv,
     ticksPerSecond: clockTicksPerSecond(),
     startRssMB,
@@ -134,7 +142,9 @@ async function run(tempDir: string): Promise<void> {
   const profileDir = intKnob('BENCH_PROFILE', 0, 0, 1) === 1 ? join(tempDir, 'profile') : undefined;
   const startedAt = new Date().toISOString();
   const loadAverageStart = os.loadavg();
-  log(`oapi-gateway benchmark: starting redis-server, upstream, bare proxy and gateway (temp dir ${tempDir})`);
+  log(
+    `oapi-gateway benchmark: starting redis-server, upstream, bare proxy, hono floor and gateways (temp dir ${tempDir})`,
+  );
   const setup = await startEverything(tempDir, profileDir);
   try {
     const keys = apiKeys(API_KEY_COUNT);

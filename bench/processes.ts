@@ -141,13 +141,15 @@ export async function startRedis(dir: string): Promise<{ child: Child; url: stri
 }
 
 /**
- * bench/servers/*.ts compiled to plain JavaScript in `dir`: the upstream and the bare proxy then
- * run on plain `node` like the gateway does, without a TypeScript loader in the process (tsx
- * would add some 35 MB of RSS and a loader thread to the baseline). Returns the directory.
+ * bench/servers/*.ts compiled to plain JavaScript in `.bench/servers/` of the repository: the
+ * servers then run on plain `node` like the gateway does, without a TypeScript loader in the process
+ * (tsx would add some 35 MB of RSS and a loader thread to the baseline), and their imports of
+ * packages resolve to the repository's node_modules. An import of `../../src/…` becomes the built
+ * `../../dist/…`. Returns the directory.
  */
-export function compileServers(dir: string): string {
+export function compileServers(): string {
   const source = fileURLToPath(new URL('./servers/', import.meta.url));
-  const out = join(dir, 'servers');
+  const out = join(REPO_ROOT, '.bench', 'servers');
   mkdirSync(out, { recursive: true });
   writeFileSync(join(out, 'package.json'), '{"type":"module"}\n');
   for (const file of readdirSync(source).filter((f) => f.endsWith('.ts'))) {
@@ -155,7 +157,7 @@ export function compileServers(dir: string): string {
       compilerOptions: { module: ts.ModuleKind.ESNext, target: ts.ScriptTarget.ES2022, verbatimModuleSyntax: true },
       fileName: file,
     });
-    writeFileSync(join(out, file.replace(/\.ts$/, '.js')), outputText);
+    writeFileSync(join(out, file.replace(/\.ts$/, '.js')), outputText.replaceAll("'../../src/", "'../../dist/"));
   }
   return out;
 }
@@ -205,6 +207,7 @@ export interface GatewayProcess {
 export async function startGateway(
   env: Record<string, string>,
   nodeArgs: readonly string[] = [],
+  name = 'gateway',
 ): Promise<GatewayProcess> {
   const [port, adminPort] = [await freePort(), await freePort()];
   const fullEnv: Record<string, string> = {
@@ -217,7 +220,7 @@ export async function startGateway(
     ADMIN_PORT: String(adminPort),
   };
   const child = register(
-    'gateway',
+    name,
     spawn(process.execPath, [...nodeArgs, 'dist/main.js'], {
       cwd: REPO_ROOT,
       env: fullEnv,
@@ -225,7 +228,15 @@ export async function startGateway(
     }),
   );
   const adminUrl = `http://127.0.0.1:${adminPort}`;
-  await waitFor('the gateway', async () => (await fetch(`${adminUrl}/readyz`)).status === 200, child, 15_000);
+  await waitFor(name, async () => (await fetch(`${adminUrl}/readyz`)).status === 200, child, 15_000);
+  // With WORKERS=n the admin listener (the primary) is ready before the workers serve the public port.
+  const workers = Number(env.WORKERS ?? 1);
+  await waitFor(
+    `${name}'s public port`,
+    async () => (workers === 1 || processTree(child.pid).length > workers) && (await canConnect(port)),
+    child,
+    15_000,
+  );
   return { child, url: `http://127.0.0.1:${port}`, adminUrl };
 }
 
@@ -239,13 +250,39 @@ export function clockTicksPerSecond(): number {
   }
 }
 
+/** Fields 3 and later of /proc/<pid>/stat (the command name, field 2, may contain spaces). */
+function statFields(pid: number): string[] {
+  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
+  return stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+}
+
 /** utime + stime of a process, in clock ticks. */
 export function cpuTicks(pid: number): number {
-  const stat = readFileSync(`/proc/${pid}/stat`, 'utf8');
-  // The command name (field 2) may contain spaces; the fields after it are plain numbers.
-  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
   // Fields 14 and 15 of proc(5), counted from field 3 here.
+  const fields = statFields(pid);
   return Number(fields[11]) + Number(fields[12]);
+}
+
+/** The process and its children (a WORKERS=n gateway: the primary and its workers). */
+export function processTree(pid: number): number[] {
+  const children: number[] = [];
+  for (const entry of readdirSync('/proc')) {
+    if (!/^\d+$/.test(entry)) continue;
+    try {
+      // Field 4 of proc(5), the parent's PID.
+      if (Number(statFields(Number(entry))[1]) === pid) children.push(Number(entry));
+    } catch {
+      // gone meanwhile
+    }
+  }
+  return [pid, ...children];
+}
+
+/** utime + stime of a process and its children, in clock ticks. */
+export function treeCpuTicks(pids: readonly number[]): number {
+  let ticks = 0;
+  for (const pid of pids) ticks += cpuTicks(pid);
+  return ticks;
 }
 
 function statusField(pid: number, field: 'VmHWM' | 'VmRSS'): number {

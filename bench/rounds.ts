@@ -10,8 +10,9 @@ import {
 } from './counters.js';
 import { SPENT_PER_HOUR } from './limits.js';
 import { measure, type Measurement, type Workload } from './load.js';
-import { cpuTicks, isRunning, sleep, type Child, type GatewayProcess } from './processes.js';
+import { isRunning, processTree, sleep, treeCpuTicks, type Child, type GatewayProcess } from './processes.js';
 import {
+  GATEWAYS,
   TARGETS,
   type RedisFigures,
   type RoundResult,
@@ -42,9 +43,11 @@ export interface Setup {
   readonly redis: Redis;
   readonly upstream: { child: Child; url: string };
   readonly bare: { child: Child; url: string };
-  /** hono + node-server + the gateway's Forwarder, nothing else (bench/servers/stack-floor.ts). */
-  readonly stack: { child: Child; url: string };
+  /** hono + node-server + the gateway's Forwarder, nothing else (bench/servers/hono-floor.ts). */
+  readonly floor: { child: Child; url: string };
   readonly gateway: GatewayProcess;
+  /** The gateway with WORKERS=2 (a primary and two workers). */
+  readonly workers2: GatewayProcess;
   readonly gatewayEnv: Record<string, string>;
   readonly ticksPerSecond: number;
   /** RSS (MB) of the gateway and the bare proxy once started, before any load. */
@@ -64,13 +67,12 @@ export function log(line: string): void {
   process.stdout.write(line + '\n');
 }
 
-function urlOf(setup: Setup, target: TargetName): string {
-  return target === 'gateway' ? setup.gateway.url : setup[target === 'direct' ? 'upstream' : target].url;
+function serverOf(setup: Setup, target: TargetName): { child: Child; url: string } {
+  return target === 'direct' ? setup.upstream : setup[target];
 }
 
-/** The process whose CPU a target's requests cost: the one that answers the client. */
-function processOf(setup: Setup, target: TargetName): Child {
-  return target === 'gateway' ? setup.gateway.child : setup[target === 'direct' ? 'upstream' : target].child;
+function urlOf(setup: Setup, target: TargetName): string {
+  return serverOf(setup, target).url;
 }
 
 /** One request of each workload through each target: the same answer everywhere, and the gateway's usage headers. */
@@ -91,7 +93,7 @@ export async function smokeTest(setup: Setup, workloads: readonly Workload[]): P
         setup.problems.push(
           `smoke test: ${workload.label} through ${target} answered ${response.status}: ${body.slice(0, 200)}`,
         );
-      if (target === 'gateway' && !response.headers.get('x-ratelimit-limit-hour'))
+      if (GATEWAYS.has(target) && !response.headers.get('x-ratelimit-limit-hour'))
         setup.problems.push(`smoke test: the gateway's answer to ${workload.label} has no X-RateLimit-Limit-Hour`);
     }
     if (new Set(bodies).size !== 1)
@@ -101,15 +103,21 @@ export async function smokeTest(setup: Setup, workloads: readonly Workload[]): P
   }
 }
 
-async function readGateway(setup: Setup): Promise<GatewayReading> {
-  const storeCalls = await metricTotal(setup.gateway.adminUrl, 'oapi_gateway_store_calls_total');
-  const counted = await metricTotal(setup.gateway.adminUrl, 'oapi_gateway_requests_total');
+async function readGateway(setup: Setup, gateway: GatewayProcess): Promise<GatewayReading> {
+  const storeCalls = await metricTotal(gateway.adminUrl, 'oapi_gateway_store_calls_total');
+  const counted = await metricTotal(gateway.adminUrl, 'oapi_gateway_requests_total');
   const commands = await commandCounts(setup.redis);
   return { commands, storeCalls, counted };
 }
 
 export function assertAlive(setup: Setup): void {
-  for (const child of [setup.upstream.child, setup.bare.child, setup.stack.child, setup.gateway.child]) {
+  for (const child of [
+    setup.upstream.child,
+    setup.bare.child,
+    setup.floor.child,
+    setup.gateway.child,
+    setup.workers2.child,
+  ]) {
     if (!isRunning(child))
       throw new Error(
         `${child.name} exited (code ${child.process.exitCode}, signal ${child.process.signalCode}):\n${child.stderrTail()}`,
@@ -132,14 +140,16 @@ async function sample(
   connections: number,
 ): Promise<Sample> {
   assertAlive(setup);
-  const pid = processOf(setup, target).pid;
+  // The process that answers, and with WORKERS=2 its workers too.
+  const pids = processTree(serverOf(setup, target).child.pid);
+  const gateway = target === 'gateway' || target === 'workers2' ? setup[target] : undefined;
   // Counters are read outside the CPU window: a /metrics scrape is not the gateway's request work.
-  const before = target === 'gateway' ? await readGateway(setup) : undefined;
-  const ticksBefore = cpuTicks(pid);
+  const before = gateway ? await readGateway(setup, gateway) : undefined;
+  const ticksBefore = treeCpuTicks(pids);
   const measurement = await measure(urlOf(setup, target), requests, { connections, seconds });
   await sleep(SETTLE_MS);
-  const ticksAfter = cpuTicks(pid);
-  const after = target === 'gateway' ? await readGateway(setup) : undefined;
+  const ticksAfter = treeCpuTicks(pids);
+  const after = gateway ? await readGateway(setup, gateway) : undefined;
   const cpuUsPerRequest = (((ticksAfter - ticksBefore) / setup.ticksPerSecond) * 1e6) / Math.max(1, measurement.sent);
   const redis =
     before && after
@@ -176,7 +186,7 @@ function summarise(target: TargetName, samples: readonly Sample[], rounds: reado
   const sent = samples.reduce((n, s) => n + s.measurement.sent, 0);
   const cpuUs = samples.reduce((us, s) => us + s.cpuUsPerRequest * s.measurement.sent, 0) / Math.max(1, sent);
   let redis: RedisFigures | undefined;
-  if (target === 'gateway') {
+  if (GATEWAYS.has(target)) {
     const commands: CommandCounts = {};
     let storeCalls = 0;
     let counted = 0;

@@ -14,14 +14,39 @@ type CountedDecision = Extract<Decision, { kind: 'counted' }>;
 const DAY_SECONDS = 86_400;
 const HOUR_SECONDS = 3_600;
 
+/** The fields that depend only on the numbers (the same for every request of a row and plan), built once. */
+interface FixedFields {
+  readonly limitHour: [string, string];
+  readonly limitDay: [string, string];
+  readonly policy: [string, string];
+}
+const fixedFields = new Map<string, FixedFields>();
+const MAX_FIXED = 10_000;
+
+function fixedFieldsOf(hourLimit: number, dayLimit: number): FixedFields {
+  const key = hourLimit + '/' + dayLimit;
+  let fields = fixedFields.get(key);
+  if (!fields) {
+    fields = {
+      limitHour: ['X-RateLimit-Limit-Hour', String(hourLimit)],
+      limitDay: ['X-RateLimit-Limit-Day', String(dayLimit)],
+      policy: ['RateLimit-Policy', `"hour";q=${hourLimit};w=${HOUR_SECONDS}, "day";q=${dayLimit};w=${DAY_SECONDS}`],
+    };
+    if (fixedFields.size < MAX_FIXED) fixedFields.set(key, fields);
+  }
+  return fields;
+}
+
+/** The usage headers of one decision. The fixed pairs are shared between requests: a HeaderList is read, never changed. */
 export function rateLimitHeaders(decision: CountedDecision, now: number): HeaderList {
   const { hour, day } = decision;
+  const fixed = fixedFieldsOf(hour.limit, day.limit);
   return [
-    ['X-RateLimit-Limit-Hour', String(hour.limit)],
+    fixed.limitHour,
     ['X-RateLimit-Remaining-Hour', String(hour.remaining)],
-    ['X-RateLimit-Limit-Day', String(day.limit)],
+    fixed.limitDay,
     ['X-RateLimit-Remaining-Day', String(day.remaining)],
-    ['RateLimit-Policy', `"hour";q=${hour.limit};w=${HOUR_SECONDS}, "day";q=${day.limit};w=${DAY_SECONDS}`],
+    fixed.policy,
     [
       'RateLimit',
       `"hour";r=${hour.remaining};t=${secondsUntil(hour.resetAt, now)}, "day";r=${day.remaining};t=${secondsUntil(day.resetAt, now)}`,

@@ -47,8 +47,6 @@ export type ExchangeEvent =
   | { readonly type: 'request-sent' }
   | { readonly type: 'response' }
   | { readonly type: 'response-end' }
-  /** The bridge's answer broke off before its end. */
-  | { readonly type: 'response-broken' }
   /** UPSTREAM_TIMEOUT_MS passed without progress. */
   | { readonly type: 'timer'; readonly clientStillSending: boolean; readonly bridgeBackedUp: boolean }
   /** The connection to the bridge failed; `resendable`: a safe request on a reused connection the bridge had closed. */
@@ -64,7 +62,7 @@ export type ExchangeAction =
   | 'abort-bridge'
   /** Send the request again, on a new connection. */
   | 'resend'
-  /** Write the bridge's status line and headers, and start passing its body on. */
+  /** Pass the bridge's status line, headers and body on. */
   | 'pass-answer'
   | 'answer-502'
   | 'answer-504'
@@ -79,7 +77,25 @@ export interface Transition {
   readonly actions: readonly ExchangeAction[];
 }
 
-export const START: ExchangeState = { phase: 'sending', resent: false };
+const PHASES: readonly Phase[] = [
+  'sending',
+  'waiting',
+  'streaming',
+  'done',
+  'timed-out',
+  'unreachable',
+  'too-large',
+  'cut',
+  'client-gone',
+];
+
+// Every state exists once, and every list of actions is a constant: a step allocates nothing.
+const STATES = [false, true].map(
+  (resent) => new Map(PHASES.map((phase): [Phase, ExchangeState] => [phase, Object.freeze({ phase, resent })])),
+);
+const stateOf = (phase: Phase, resent: boolean): ExchangeState => STATES[resent ? 1 : 0]?.get(phase) as ExchangeState;
+
+export const START: ExchangeState = stateOf('sending', false);
 
 const ENDED: ReadonlySet<Phase> = new Set(['done', 'timed-out', 'unreachable', 'too-large', 'cut', 'client-gone']);
 
@@ -88,44 +104,54 @@ export function isEnded(state: ExchangeState): boolean {
 }
 
 const NOTHING: readonly ExchangeAction[] = [];
+const REFRESH: readonly ExchangeAction[] = ['refresh-timer'];
+const PASS: readonly ExchangeAction[] = ['refresh-timer', 'pass-answer'];
+const CLEAR: readonly ExchangeAction[] = ['clear-timer'];
+const STALLED: readonly ExchangeAction[] = ['abort-bridge', 'close-client'];
+const TIMED_OUT: readonly ExchangeAction[] = ['abort-bridge', 'answer-504'];
+const CUT_AFTER_ERROR: readonly ExchangeAction[] = ['clear-timer', 'close-client'];
+const RESEND: readonly ExchangeAction[] = ['resend'];
+const UNREACHABLE: readonly ExchangeAction[] = ['clear-timer', 'abort-bridge', 'answer-502'];
+const TOO_LARGE_CUT: readonly ExchangeAction[] = ['clear-timer', 'stop-reading', 'abort-bridge', 'close-client'];
+const TOO_LARGE: readonly ExchangeAction[] = ['clear-timer', 'stop-reading', 'abort-bridge', 'answer-413'];
+const MISMATCH: readonly ExchangeAction[] = ['clear-timer', 'stop-reading', 'abort-bridge', 'close-client'];
+const GONE: readonly ExchangeAction[] = ['clear-timer', 'abort-bridge'];
+
+const stay = (state: ExchangeState, actions: readonly ExchangeAction[] = NOTHING): Transition => ({ state, actions });
 const to = (state: ExchangeState, phase: Phase, actions: readonly ExchangeAction[] = NOTHING): Transition => ({
-  state: phase === state.phase ? state : { ...state, phase },
+  state: stateOf(phase, state.resent),
   actions,
 });
 
 export function step(state: ExchangeState, event: ExchangeEvent): Transition {
   const { phase } = state;
   // After an end, whatever the sockets still report changes nothing.
-  if (ENDED.has(phase)) return { state, actions: NOTHING };
+  if (ENDED.has(phase)) return stay(state);
   const answered = phase === 'streaming';
   switch (event.type) {
     case 'request-sent':
       // From now on any wait is the bridge's.
-      return phase === 'sending' ? to(state, 'waiting', ['refresh-timer']) : { state, actions: NOTHING };
+      return phase === 'sending' ? to(state, 'waiting', REFRESH) : stay(state);
     case 'response':
       // A bridge may answer before it has read the whole body (an early refusal): that answer is passed on too.
-      return answered ? { state, actions: NOTHING } : to(state, 'streaming', ['refresh-timer', 'pass-answer']);
+      return answered ? stay(state) : to(state, 'streaming', PASS);
     case 'response-end':
-      return answered ? to(state, 'done', ['clear-timer']) : { state, actions: NOTHING };
-    case 'response-broken':
-      return answered ? to(state, 'cut', ['clear-timer', 'abort-bridge', 'close-client']) : { state, actions: NOTHING };
+      return answered ? to(state, 'done', CLEAR) : stay(state);
     case 'timer':
-      if (answered) return to(state, 'cut', ['abort-bridge', 'close-client']);
+      if (answered) return to(state, 'cut', STALLED);
       // The client is still uploading and the bridge takes all of it: the client is the slow one.
-      if (phase === 'sending' && event.clientStillSending && !event.bridgeBackedUp) {
-        return { state, actions: ['refresh-timer'] };
-      }
-      return to(state, 'timed-out', ['abort-bridge', 'answer-504']);
+      if (phase === 'sending' && event.clientStillSending && !event.bridgeBackedUp) return stay(state, REFRESH);
+      return to(state, 'timed-out', TIMED_OUT);
     case 'bridge-error':
-      if (answered) return to(state, 'cut', ['clear-timer', 'close-client']);
-      if (event.resendable && !state.resent) return { state: { phase: 'sending', resent: true }, actions: ['resend'] };
-      return to(state, 'unreachable', ['clear-timer', 'abort-bridge', 'answer-502']);
+      // After the status line a failure cuts the answer: the client must not take a short body for a whole one.
+      if (answered) return to(state, 'cut', CUT_AFTER_ERROR);
+      if (event.resendable && !state.resent) return { state: stateOf('sending', true), actions: RESEND };
+      return to(state, 'unreachable', UNREACHABLE);
     case 'body-too-large':
-      if (answered) return to(state, 'cut', ['clear-timer', 'stop-reading', 'abort-bridge', 'close-client']);
-      return to(state, 'too-large', ['clear-timer', 'stop-reading', 'abort-bridge', 'answer-413']);
+      return answered ? to(state, 'cut', TOO_LARGE_CUT) : to(state, 'too-large', TOO_LARGE);
     case 'framing-mismatch':
-      return to(state, 'cut', ['clear-timer', 'stop-reading', 'abort-bridge', 'close-client']);
+      return to(state, 'cut', MISMATCH);
     case 'client-gone':
-      return to(state, 'client-gone', ['clear-timer', 'abort-bridge']);
+      return to(state, 'client-gone', GONE);
   }
 }

@@ -1,6 +1,7 @@
-import http, { type ClientRequest, type IncomingMessage, type ServerResponse } from 'node:http';
-import https from 'node:https';
+import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
+import { Readable } from 'node:stream';
+import { Pool, type Dispatcher } from 'undici';
 import { BRIDGES, type BridgeName } from '../config/settings.js';
 import type { HeaderList } from '../limits/headers.js';
 import { writeAnswer } from '../server/answers.js';
@@ -8,12 +9,14 @@ import { START, isEnded, step, type ExchangeAction, type ExchangeEvent, type Exc
 import { requestHeaderList, responseHeaderList, type BodyFraming } from './headers.js';
 
 /**
- * HTTP forwarding to the bridges with node:http: one keep-alive agent per bridge, one
- * `http.request` per exchange, bodies streamed both ways with backpressure. The bridge's status,
- * headers and body come back unchanged, in one `writeHead` with the gateway's usage headers added.
- * What happens when is decided by the state machine of proxy/exchange.ts; this module only turns
- * socket events into its events and its actions into socket calls. (WebSocket upgrades are
- * joined in ws/bridge-proxy.ts.)
+ * HTTP forwarding to the bridges with undici: one connection pool per bridge (kept alive, one
+ * request at a time per connection), one `dispatch` per exchange, bodies streamed both ways with
+ * backpressure. undici's dispatch API costs far less per request than `http.request` (no
+ * ClientRequest or IncomingMessage objects, no agent bookkeeping): README "Scale and performance"
+ * has the measurements. The bridge's status, headers and body come back unchanged, in one
+ * `writeHead` with the gateway's usage headers added. What happens when is decided by the state
+ * machine of proxy/exchange.ts; this module only turns undici's callbacks into its events and its
+ * actions into calls. (WebSocket upgrades are joined in ws/bridge-proxy.ts.)
  */
 
 export interface ForwardRequest {
@@ -27,8 +30,8 @@ export interface ForwardRequest {
   readonly maxBodyBytes: number;
   readonly requestId: string;
   readonly clientAddress: string;
-  /** Added to the bridge's answer, and to a 502/504/413 the forwarder writes. */
-  readonly answerHeaders: HeaderList;
+  /** The usage headers, added (with `X-Request-Id`) to the bridge's answer and to a 502/504/413 the forwarder writes. */
+  readonly usageHeaders: HeaderList;
   /** Request fields never forwarded (lower case). */
   readonly droppedHeaders?: ReadonlySet<string>;
 }
@@ -47,40 +50,32 @@ export interface ForwarderOptions {
 }
 
 /** Where one bridge is, and the connections to it. */
-export interface BridgeTarget {
+interface BridgeTarget {
   readonly name: BridgeName;
-  readonly request: typeof http.request;
-  readonly agent: http.Agent;
-  readonly hostname: string;
-  readonly port: number;
+  readonly pool: Pool;
   /** The bridge URL's path, to which the normalised path is appended (no trailing slash). */
   readonly basePath: string;
   /** `Host` as the bridge expects it. */
   readonly host: string;
 }
 
-export function bridgeTarget(name: BridgeName, url: URL): BridgeTarget {
-  const secure = url.protocol === 'https:';
-  const agent = new (secure ? https.Agent : http.Agent)({
-    keepAlive: true,
-    keepAliveMsecs: 1000,
-    maxFreeSockets: 256,
-    scheduling: 'lifo',
+function bridgeTarget(name: BridgeName, url: URL): BridgeTarget {
+  const pool = new Pool(url.origin, {
+    // One request per connection at a time: a pipelined connection would tie one client's answer
+    // to another's (README "Hostile clients").
+    pipelining: 1,
+    // The exchange's own timer applies UPSTREAM_TIMEOUT_MS by its rules (proxy/exchange.ts).
+    headersTimeout: 0,
+    bodyTimeout: 0,
   });
-  return {
-    name,
-    request: secure ? https.request : http.request,
-    agent,
-    hostname: url.hostname.replace(/^\[(.*)\]$/, '$1'),
-    port: Number(url.port || (secure ? 443 : 80)),
-    basePath: url.pathname.replace(/\/+$/, ''),
-    host: url.host,
-  };
+  return { name, pool, basePath: url.pathname.replace(/\/+$/, ''), host: url.host };
 }
 
 /** Logged as the status of a request whose client left before its answer (nginx's convention). */
 const CLIENT_GONE = 499;
 const RESENDABLE_METHODS = new Set(['GET', 'HEAD']);
+/** Errors meaning the bridge was never reached at all: sending again would only fail again. */
+const NEVER_CONNECTED = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH']);
 
 export class Forwarder {
   readonly #targets: Readonly<Record<BridgeName, BridgeTarget>>;
@@ -103,12 +98,59 @@ export class Forwarder {
   }
 
   close(): void {
-    for (const bridge of BRIDGES) this.#targets[bridge].agent.destroy();
+    for (const bridge of BRIDGES) void this.#targets[bridge].pool.destroy();
   }
 }
 
 /** How the request's body reaches the bridge. */
 type BodySource = 'buffered' | 'none' | 'streamed';
+
+/**
+ * One dispatch to the bridge, as undici's handler. A resend is a new attempt: whatever the one
+ * before it still reports is ignored.
+ */
+class Attempt implements Dispatcher.DispatchHandler {
+  readonly #exchange: HttpExchange;
+  #abort: ((reason?: Error) => void) | undefined;
+  #cancelled = false;
+  resume: (() => void) | undefined;
+
+  constructor(exchange: HttpExchange) {
+    this.#exchange = exchange;
+  }
+
+  /** Ends the attempt now, or as soon as undici starts it (a request still waiting for a connection has no abort yet). */
+  cancel(): void {
+    this.#cancelled = true;
+    this.#abort?.(new Error('forwarding ended by the gateway'));
+  }
+
+  onConnect(abort: (reason?: Error) => void): void {
+    this.#abort = abort;
+    if (this.#cancelled) abort(new Error('forwarding ended by the gateway'));
+  }
+
+  onRequestSent(): void {
+    this.#exchange.requestSent(this);
+  }
+
+  onHeaders(statusCode: number, rawHeaders: Buffer[], resume: () => void, statusText: string): boolean {
+    this.resume = resume;
+    return this.#exchange.response(this, statusCode, rawHeaders, statusText);
+  }
+
+  onData(chunk: Buffer): boolean {
+    return this.#exchange.data(this, chunk);
+  }
+
+  onComplete(): void {
+    this.#exchange.complete(this);
+  }
+
+  onError(err: Error): void {
+    this.#exchange.failed(this, err);
+  }
+}
 
 /** The sockets of one exchange; every decision is step()'s. */
 class HttpExchange {
@@ -122,8 +164,9 @@ class HttpExchange {
   readonly #headers: string[];
   #state: ExchangeState = START;
   #timer: NodeJS.Timeout | undefined;
-  #bridgeRequest: ClientRequest | undefined;
-  #bridgeResponse: IncomingMessage | undefined;
+  #attempt: Attempt | undefined;
+  /** The client's streamed body as the bridge reads it (never the client's stream itself, which undici would destroy on an abort). */
+  #body: Readable | undefined;
   #status: number | undefined;
   #upstreamMs: number | undefined;
   #bodyBytes = 0;
@@ -149,7 +192,8 @@ class HttpExchange {
       framing = { kind: 'length', length: request.body.length };
     } else if (transferEncoding !== undefined) {
       this.#source = 'streamed';
-      framing = { kind: 'chunked' };
+      // undici sends a body of unknown length chunked by itself.
+      framing = { kind: 'none' };
     } else if (contentLength !== undefined && contentLength !== '0') {
       this.#source = 'streamed';
       framing = { kind: 'length', length: Number(contentLength) };
@@ -177,33 +221,35 @@ class HttpExchange {
     }
     outgoing.once('close', this.#onClientClose);
     this.#timer = setTimeout(this.#onTimer, this.#timeoutMs);
-    this.#send();
     if (this.#source === 'streamed') {
+      this.#body = new Readable({ read: () => void incoming.resume() });
       incoming.on('data', this.#onBodyData);
       incoming.once('end', this.#onBodyEnd);
     } else if (this.#source === 'none') {
       // Bytes for a request that announced none were framed by something the gateway did not see.
       incoming.once('data', this.#onUnannouncedBody);
     }
+    this.#send();
   }
 
   #send(): void {
     const { incoming, target, body } = this.#request;
-    const bridgeRequest = this.#target.request({
-      agent: this.#target.agent,
-      hostname: this.#target.hostname,
-      port: this.#target.port,
-      method: incoming.method,
-      path: this.#target.basePath + target,
-      headers: this.#headers,
-      setHost: false,
-    });
-    this.#bridgeRequest = bridgeRequest;
-    bridgeRequest.once('response', this.#onResponse);
-    bridgeRequest.once('finish', this.#onRequestSent);
-    bridgeRequest.on('error', (err: NodeJS.ErrnoException) => this.#onBridgeError(bridgeRequest, err));
-    if (this.#source === 'buffered') bridgeRequest.end(body);
-    else if (this.#source === 'none') bridgeRequest.end();
+    const attempt = new Attempt(this);
+    this.#attempt = attempt;
+    try {
+      this.#target.pool.dispatch(
+        {
+          method: incoming.method ?? 'GET',
+          path: this.#target.basePath + target,
+          headers: this.#headers,
+          body: this.#source === 'buffered' ? body : (this.#body ?? null),
+        },
+        attempt,
+      );
+    } catch (err) {
+      // undici refused the request outright (it checks header names and values as Node's parser did).
+      this.failed(attempt, err as Error);
+    }
   }
 
   #dispatch(event: ExchangeEvent): void {
@@ -221,14 +267,14 @@ class HttpExchange {
         clearTimeout(this.#timer);
         return;
       case 'abort-bridge':
-        this.#bridgeRequest?.destroy();
-        this.#bridgeResponse?.destroy();
+        this.#attempt?.cancel();
+        this.#body?.destroy();
         return;
       case 'resend':
         this.#send();
         return;
       case 'pass-answer':
-        this.#passAnswer();
+        // The head is written in response(), where the bridge's raw headers are at hand.
         return;
       case 'answer-502':
         this.#answer(502, 'Bridge unreachable');
@@ -254,57 +300,63 @@ class HttpExchange {
     }
   }
 
-  #passAnswer(): void {
-    const response = this.#bridgeResponse as IncomingMessage;
-    const { outgoing, answerHeaders } = this.#request;
-    outgoing.writeHead(
-      this.#status as number,
-      response.statusMessage,
-      responseHeaderList(response.rawHeaders, response.headers.connection, answerHeaders),
-    );
-    response.on('data', this.#onResponseData);
-    response.once('end', this.#onResponseEnd);
-    response.once('close', this.#onResponseClose);
-    response.pipe(outgoing);
-  }
-
   /** A gateway answer; only ever before the bridge's status line was passed on (step() sees to it). */
   #answer(status: number, message: string, extra: HeaderList = []): void {
-    const { outgoing, answerHeaders } = this.#request;
+    const { outgoing, usageHeaders, requestId } = this.#request;
     if (outgoing.headersSent || outgoing.destroyed) {
       outgoing.destroy();
       return;
     }
     this.#status = status;
-    writeAnswer(outgoing, status, message, extra.length ? [...answerHeaders, ...extra] : answerHeaders);
+    writeAnswer(outgoing, status, message, [...usageHeaders, ['X-Request-Id', requestId], ...extra]);
   }
 
-  readonly #onRequestSent = (): void => this.#dispatch({ type: 'request-sent' });
+  // undici's callbacks, through the attempt that is current.
 
-  readonly #onResponse = (response: IncomingMessage): void => {
-    this.#bridgeResponse = response;
-    this.#status = response.statusCode ?? 502;
+  requestSent(attempt: Attempt): void {
+    if (attempt === this.#attempt) this.#dispatch({ type: 'request-sent' });
+  }
+
+  response(attempt: Attempt, statusCode: number, rawHeaders: Buffer[], statusText: string): boolean {
+    if (attempt !== this.#attempt) return false;
+    this.#status = statusCode;
     this.#upstreamMs = performance.now() - this.#started;
     this.#dispatch({ type: 'response' });
-  };
+    if (this.#state.phase !== 'streaming') return false;
+    const { outgoing, usageHeaders, requestId } = this.#request;
+    const headers = responseHeaderList(latin1(rawHeaders), usageHeaders);
+    headers.push('X-Request-Id', requestId);
+    outgoing.writeHead(statusCode, statusText, headers);
+    return true;
+  }
 
-  // Progress of the answer keeps a bridge that is still sending from being taken for a stalled one.
-  readonly #onResponseData = (): void => {
+  data(attempt: Attempt, chunk: Buffer): boolean {
+    if (attempt !== this.#attempt || isEnded(this.#state)) return false;
+    // Progress of the answer keeps a bridge that is still sending from being taken for a stalled one.
     this.#timer?.refresh();
-  };
-  readonly #onResponseEnd = (): void => this.#dispatch({ type: 'response-end' });
-  readonly #onResponseClose = (): void => {
-    if (!this.#bridgeResponse?.complete) this.#dispatch({ type: 'response-broken' });
-  };
+    const { outgoing } = this.#request;
+    if (outgoing.write(chunk)) return true;
+    // A client that stops reading stops the bridge too; UPSTREAM_TIMEOUT_MS without progress ends it.
+    outgoing.once('drain', this.#onClientDrain);
+    return false;
+  }
 
-  #onBridgeError(bridgeRequest: ClientRequest, err: NodeJS.ErrnoException): void {
+  complete(attempt: Attempt): void {
+    if (attempt !== this.#attempt || isEnded(this.#state)) return;
+    this.#request.outgoing.end();
+    this.#dispatch({ type: 'response-end' });
+  }
+
+  failed(attempt: Attempt, err: Error): void {
     // An attempt already given up (aborted, or replaced by a resend) has nothing more to say.
-    if (bridgeRequest !== this.#bridgeRequest || isEnded(this.#state)) return;
+    if (attempt !== this.#attempt || isEnded(this.#state)) return;
+    const code = (err as NodeJS.ErrnoException).code ?? '';
+    // A safe request whose connection broke before any answer (a kept-alive connection the bridge
+    // had just closed) may be sent once more (RFC 9110 §9.2.2).
     const resendable =
       this.#status === undefined &&
       this.#source === 'none' &&
-      bridgeRequest.reusedSocket &&
-      err.code === 'ECONNRESET' &&
+      !NEVER_CONNECTED.has(code) &&
       RESENDABLE_METHODS.has(this.#request.incoming.method ?? '');
     if (!resendable || this.#state.resent) {
       this.#onError(err, { bridge: this.#target.name, phase: this.#status === undefined ? 'request' : 'response' });
@@ -312,13 +364,17 @@ class HttpExchange {
     this.#dispatch({ type: 'bridge-error', resendable });
   }
 
+  readonly #onClientDrain = (): void => {
+    this.#attempt?.resume?.();
+  };
+
   readonly #onTimer = (): void => {
     this.#dispatch({
       type: 'timer',
       // The client is the slow one while its body still arrives and the bridge reads all of it; a
-      // bridge that stops reading makes the writes back up.
+      // bridge that stops reading leaves the body's buffer full.
       clientStillSending: !this.#request.incoming.complete,
-      bridgeBackedUp: this.#bridgeRequest?.writableNeedDrain ?? false,
+      bridgeBackedUp: this.#body !== undefined && this.#body.readableLength >= this.#body.readableHighWaterMark,
     });
   };
 
@@ -328,18 +384,11 @@ class HttpExchange {
       this.#dispatch({ type: 'body-too-large' });
       return;
     }
-    const bridgeRequest = this.#bridgeRequest as ClientRequest;
-    if (!bridgeRequest.write(chunk)) {
-      const { incoming } = this.#request;
-      incoming.pause();
-      bridgeRequest.once('drain', () => {
-        if (!isEnded(this.#state)) incoming.resume();
-      });
-    }
+    if (!(this.#body as Readable).push(chunk)) this.#request.incoming.pause();
   };
 
   readonly #onBodyEnd = (): void => {
-    if (!isEnded(this.#state)) this.#bridgeRequest?.end();
+    if (!isEnded(this.#state)) this.#body?.push(null);
   };
 
   readonly #onUnannouncedBody = (): void => {
@@ -359,4 +408,11 @@ class HttpExchange {
       upstreamMs: this.#upstreamMs,
     });
   };
+}
+
+/** undici's raw header names and values (latin1, as on the wire). */
+function latin1(raw: readonly Buffer[]): string[] {
+  const out = new Array<string>(raw.length);
+  for (let i = 0; i < raw.length; i++) out[i] = (raw[i] as Buffer).toString('latin1');
+  return out;
 }

@@ -59,6 +59,22 @@ const PROTECTED = new Set([
 
 const NO_TOKENS: readonly string[] = [];
 
+/**
+ * Lower-case field names, remembered: the same few dozen names come with every request and answer,
+ * and lowering each one anew is a string allocation per field. Bounded, for names nobody sends twice.
+ */
+const lowered = new Map<string, string>();
+const MAX_LOWERED = 1024;
+
+function lower(name: string): string {
+  let value = lowered.get(name);
+  if (value === undefined) {
+    value = name.toLowerCase();
+    if (lowered.size < MAX_LOWERED) lowered.set(name, value);
+  }
+  return value;
+}
+
 /** The field names a `Connection` header lists (RFC 9110 §7.6.1). */
 export function connectionTokens(value: string | string[] | undefined): readonly string[] {
   // The usual values name only hop-by-hop fields, which are dropped anyway.
@@ -95,7 +111,7 @@ export function requestHeaderList(rawHeaders: readonly string[], values: Forward
   const out: string[] = [];
   let connection: string | undefined;
   for (let i = 0; i < rawHeaders.length; i += 2) {
-    if ((rawHeaders[i] as string).toLowerCase() === 'connection') {
+    if (lower(rawHeaders[i] as string) === 'connection') {
       connection = connection === undefined ? rawHeaders[i + 1] : `${connection},${rawHeaders[i + 1]}`;
     }
   }
@@ -105,11 +121,11 @@ export function requestHeaderList(rawHeaders: readonly string[], values: Forward
   for (let i = 0; i < rawHeaders.length; i += 2) {
     const name = rawHeaders[i] as string;
     const value = rawHeaders[i + 1] as string;
-    const lower = name.toLowerCase();
-    if (lower === 'x-forwarded-for') forwardedFor = forwardedFor === undefined ? value : `${forwardedFor}, ${value}`;
-    else if (lower === 'host') clientHost ||= value;
-    if (HOP_BY_HOP.has(lower) || REWRITTEN.has(lower) || values.dropped?.has(lower)) continue;
-    if (named.length > 0 && named.includes(lower) && !PROTECTED.has(lower)) continue;
+    const field = lower(name);
+    if (field === 'x-forwarded-for') forwardedFor = forwardedFor === undefined ? value : `${forwardedFor}, ${value}`;
+    else if (field === 'host') clientHost ||= value;
+    if (HOP_BY_HOP.has(field) || REWRITTEN.has(field) || values.dropped?.has(field)) continue;
+    if (named.length > 0 && named.includes(field) && !PROTECTED.has(field)) continue;
     out.push(name, value);
   }
   out.push('Host', values.bridgeHost);
@@ -149,15 +165,20 @@ const GATEWAY_FIELDS = new Set([
  */
 export function responseHeaderList(
   rawHeaders: readonly string[],
-  connection: string | string[] | undefined,
   own: ReadonlyArray<readonly [string, string]>,
 ): string[] {
+  let connection: string | undefined;
+  for (let i = 0; i < rawHeaders.length; i += 2) {
+    if (lower(rawHeaders[i] as string) === 'connection') {
+      connection = connection === undefined ? rawHeaders[i + 1] : `${connection},${rawHeaders[i + 1]}`;
+    }
+  }
   const named = connectionTokens(connection);
   const out: string[] = [];
   for (let i = 0; i < rawHeaders.length; i += 2) {
     const name = rawHeaders[i] as string;
-    const lower = name.toLowerCase();
-    if (HOP_BY_HOP.has(lower) || GATEWAY_FIELDS.has(lower) || (named.length > 0 && named.includes(lower))) continue;
+    const field = lower(name);
+    if (HOP_BY_HOP.has(field) || GATEWAY_FIELDS.has(field) || (named.length > 0 && named.includes(field))) continue;
     out.push(name, rawHeaders[i + 1] as string);
   }
   for (const [name, value] of own) out.push(name, value);

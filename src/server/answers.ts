@@ -1,4 +1,5 @@
 import type { ServerResponse } from 'node:http';
+import { RESPONSE_ALREADY_SENT } from '@hono/node-server/utils/response';
 import type { Context } from 'hono';
 import type { HeaderList } from '../limits/headers.js';
 
@@ -37,15 +38,34 @@ export function errorBody(status: number, message: string): string {
 
 const JSON_TYPE = 'application/json';
 
-/** A gateway answer inside the hono chain. */
+/**
+ * A gateway answer inside the hono chain. Over a socket it is written straight to Node's response
+ * (a Response object and node-server's conversion of it cost more than the whole answer); in-process
+ * (app.request()) and on an upgrade's socket it is a Response.
+ */
 export function answer(c: Context, status: number, message: string, headers: HeaderList = []): Response {
+  c.set('answered', status);
+  const requestId = c.get('requestId');
+  const usage = c.get('usageHeaders');
+  const outgoing = (c.env as { outgoing?: ServerResponse } | undefined)?.outgoing;
+  if (outgoing && !outgoing.headersSent) {
+    const list: HeaderList = requestId ? [['X-Request-Id', requestId]] : [];
+    if (usage) list.push(...usage);
+    list.push(...headers);
+    writeAnswer(outgoing, status, message, list);
+    return RESPONSE_ALREADY_SENT;
+  }
   const out = new Headers();
   out.set('Content-Type', JSON_TYPE);
-  const requestId = c.get('requestId');
   if (requestId) out.set('X-Request-Id', requestId);
-  for (const [name, value] of c.get('usageHeaders') ?? []) out.set(name, value);
+  for (const [name, value] of usage ?? []) out.set(name, value);
   for (const [name, value] of headers) out.set(name, value);
   return new Response(errorBody(status, message), { status, headers: out });
+}
+
+/** `answer()` as a middleware's result. */
+export function answered(c: Context, status: number, message: string, headers: HeaderList = []): Promise<Response> {
+  return Promise.resolve(answer(c, status, message, headers));
 }
 
 /** A gateway answer written straight to a Node response (forwarding errors, client errors). */

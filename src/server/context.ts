@@ -53,6 +53,8 @@ declare module 'hono' {
     decision: Decision;
     /** Headers of INTERFACE §6 for this request (empty when it was not counted). */
     usageHeaders: HeaderList;
+    /** Status of an answer the gateway wrote itself (server/answers.ts). */
+    answered: number;
     /** Set when the answer came from a bridge. */
     forwarded: Forwarded;
     /** Body already read by the gateway (credential routes), forwarded byte for byte. */

@@ -71,20 +71,20 @@ export function createPublicServer(
   // the half-open tests in test/integration/hostile-smuggling.test.ts pin it.)
   (server as http.Server & { httpAllowHalfOpen: boolean }).httpAllowHalfOpen = true;
 
-  /** Requests of each connection whose answer is not complete yet, in the order they came. */
-  const open = new WeakMap<Duplex, Set<Exchange>>();
+  /** Answers of each connection that are not complete yet, in the order their requests came. */
+  const open = new WeakMap<Duplex, Set<ServerResponse>>();
   let inFlight = 0;
+  function answerClosed(this: ServerResponse): void {
+    inFlight--;
+    open.get(this.req.socket)?.delete(this);
+  }
 
   server.on('request', function gatedRequest(req: IncomingMessage, res: ServerResponse) {
     inFlight++;
-    const exchange: Exchange = { req, res };
-    let exchanges = open.get(req.socket);
-    if (!exchanges) open.set(req.socket, (exchanges = new Set()));
-    exchanges.add(exchange);
-    res.once('close', () => {
-      inFlight--;
-      exchanges.delete(exchange);
-    });
+    let answers = open.get(req.socket);
+    if (!answers) open.set(req.socket, (answers = new Set()));
+    answers.add(res);
+    res.once('close', answerClosed);
     const refusal = gateRefusal(req, settings.maxHeaderCount);
     if (refusal) {
       logger.debug({ status: refusal.status, reason: refusal.message }, 'request refused at the gate');
@@ -121,7 +121,7 @@ export function createPublicServer(
     }
     const [status, message] = clientErrorAnswer(err.code);
     logger.debug({ code: err.code, status }, 'client error');
-    const pending = [...(open.get(socket) ?? [])];
+    const pending: Exchange[] = [...(open.get(socket) ?? [])].map((res) => ({ req: res.req, res }));
     // A request whose own bytes broke off (or stopped coming) can never be answered by a bridge.
     const broken = pending.find((e) => !e.req.complete);
     if (broken) {

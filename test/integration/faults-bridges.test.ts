@@ -214,9 +214,11 @@ describe('many failing exchanges at once', () => {
       }
       expect(out.ms).toBeLessThan(UPSTREAM_TIMEOUT_MS + 2000);
     }
+    // (A connection the pool opened for a request that was over before it got one carried nothing:
+    // it is an idle pooled connection, closed by the pool's idle timeout, not one of a failed exchange.)
     await waitFor(
       'every bridge socket of a failed exchange to be closed',
-      () => bridge.connections.every((c) => c.closed || c.paths.at(-1) === '/orders/ok'),
+      () => bridge.connections.every((c) => c.closed || c.paths.length === 0 || c.paths.at(-1) === '/orders/ok'),
       2000,
     );
     await expectServingAndCounted(key, plan.length);

@@ -18,7 +18,7 @@ export function accessLog(options: { logger: Logger; metrics: GatewayMetrics }):
     const ms = performance.now() - started;
     const endpoint = c.get('endpoint');
     const forwarded = c.get('forwarded');
-    const status = forwarded?.status ?? c.res.status;
+    const status = forwarded?.status ?? c.get('answered') ?? c.res.status;
     const label = endpoint?.row.route.text ?? UNMATCHED;
     metrics.request(label, status, ms / 1000);
     if (forwarded?.upstreamMs !== undefined && endpoint) metrics.upstream(endpoint.bridge, forwarded.upstreamMs / 1000);

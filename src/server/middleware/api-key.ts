@@ -1,4 +1,4 @@
-import type { Context, MiddlewareHandler } from 'hono';
+import type { Context, MiddlewareHandler, Next } from 'hono';
 import type { ApiKeyMode } from '../../config/settings.js';
 import type { InvalidKeyGuard } from '../../keys/guard.js';
 import type { KeyRegistry } from '../../keys/registry.js';
@@ -52,21 +52,30 @@ export function apiKeyAuth(options: ApiKeyOptions): MiddlewareHandler<GatewayEnv
     return answer(c, 401, message, [challenge]);
   };
 
-  return async function apiKeyAuth(c, next) {
+  /** A key this instance does not know yet may have been issued on another one a moment ago. */
+  const resolveThenNext = async (c: Context<GatewayEnv>, next: Next, address: string, keyHash: string) => {
+    const issued = await registry.resolve(keyHash);
+    if (!issued) return refuse(c, address, 'Invalid API key');
+    c.set('client', { keyHash, keyId: issued.id, plan: issued.plan });
+    return next();
+  };
+
+  // Not async: a known key goes straight on, without a promise of its own per request.
+  return function apiKeyAuth(c, next) {
     const address = clientAddress(c);
     c.set('clientAddress', address);
     const blockedMs = guard.blockedFor(address);
-    if (blockedMs > 0) return throttled(c, blockedMs);
+    if (blockedMs > 0) return Promise.resolve(throttled(c, blockedMs));
 
     // Browsers cannot set headers on a WebSocket upgrade: there, and only there, the key may be a query parameter.
     const key = requestHeader(c, header) || (c.env?.upgrade ? apiKeyFromQuery(c.env.incoming.url ?? '') : undefined);
     if (!key) return refuse(c, address, 'Missing API key');
     if (key.length > MAX_API_KEY_LENGTH) return refuse(c, address, 'Invalid API key');
     const keyHash = hashOf(key);
-    const issued = registry.lookup(keyHash) ?? (mode === 'registered' ? await registry.resolve(keyHash) : undefined);
-    if (!issued && mode === 'registered') return refuse(c, address, 'Invalid API key');
+    const issued = registry.lookup(keyHash);
+    if (!issued && mode === 'registered') return resolveThenNext(c, next, address, keyHash);
     c.set('client', { keyHash, keyId: issued?.id, plan: issued?.plan });
-    await next();
+    return next();
   };
 }
 

@@ -1,5 +1,5 @@
 import type { IncomingMessage } from 'node:http';
-import type { Context, MiddlewareHandler } from 'hono';
+import type { Context, MiddlewareHandler, Next } from 'hono';
 import { answer } from '../answers.js';
 import type { GatewayEnv } from '../context.js';
 import { requestHeader } from '../request-header.js';
@@ -28,24 +28,27 @@ export function bodyRules(options: BodyOptions): MiddlewareHandler<GatewayEnv> {
   const tooLarge = (c: Context<GatewayEnv>): Response =>
     answer(c, 413, `Request body is larger than ${maxBodyBytes} bytes`, [['Connection', 'close']]);
 
-  return async function bodyRules(c, next) {
-    const length = requestHeader(c, 'content-length');
-    if (length !== undefined && Number(length) > maxBodyBytes) return tooLarge(c);
+  const credentials = async (c: Context<GatewayEnv>, next: Next): Promise<Response | void> => {
+    if (!isJsonMediaType(requestHeader(c, 'content-type')))
+      return answer(c, 415, 'Content-Type must be application/json');
+    const body = await readBody(c, Math.min(maxBodyBytes, MAX_CREDENTIALS_BYTES));
+    if (body === 'too-large')
+      return maxBodyBytes <= MAX_CREDENTIALS_BYTES
+        ? tooLarge(c)
+        : answer(c, 400, 'Credentials body is too large', [['Connection', 'close']]);
+    if (body === 'aborted') return answer(c, 400, 'Request body was not received');
+    const problem = credentialsProblem(body);
+    if (problem) return answer(c, 400, problem);
+    c.set('body', body);
+    return next();
+  };
 
-    if (credentialRoutes.has(c.get('endpoint').route.key)) {
-      if (!isJsonMediaType(requestHeader(c, 'content-type')))
-        return answer(c, 415, 'Content-Type must be application/json');
-      const body = await readBody(c, Math.min(maxBodyBytes, MAX_CREDENTIALS_BYTES));
-      if (body === 'too-large')
-        return maxBodyBytes <= MAX_CREDENTIALS_BYTES
-          ? tooLarge(c)
-          : answer(c, 400, 'Credentials body is too large', [['Connection', 'close']]);
-      if (body === 'aborted') return answer(c, 400, 'Request body was not received');
-      const problem = credentialsProblem(body);
-      if (problem) return answer(c, 400, problem);
-      c.set('body', body);
-    }
-    await next();
+  // Not async: a request without a body to check goes straight on.
+  return function bodyRules(c, next) {
+    const length = requestHeader(c, 'content-length');
+    if (length !== undefined && Number(length) > maxBodyBytes) return Promise.resolve(tooLarge(c));
+    if (credentialRoutes.has(c.get('endpoint').route.key)) return credentials(c, next);
+    return next();
   };
 }
 

@@ -2,7 +2,7 @@ import type { MiddlewareHandler } from 'hono';
 import type { LimitTable } from '../../config/limit-table.js';
 import { bridgeFor, type Settings } from '../../config/settings.js';
 import { normaliseTarget } from '../../limits/normalise.js';
-import { answer } from '../answers.js';
+import { answered } from '../answers.js';
 import type { GatewayEnv } from '../context.js';
 
 /**
@@ -16,25 +16,26 @@ export interface EndpointOptions {
 }
 
 export function matchEndpoint(options: EndpointOptions): MiddlewareHandler<GatewayEnv> {
-  return async function matchEndpoint(c, next) {
+  // Not async: a request that matches goes straight on, without a promise of its own.
+  return function matchEndpoint(c, next) {
     const table = options.table();
-    if (!table) return answer(c, 503, 'Limit table not loaded');
+    if (!table) return answered(c, 503, 'Limit table not loaded');
     const target = normaliseTarget(c.env?.incoming?.url ?? pathAndQuery(c.req.url));
-    if (!target.ok) return answer(c, 400, target.reason);
+    if (!target.ok) return answered(c, 400, target.reason);
 
     const method = c.env?.upgrade ? 'WS' : c.req.method;
     const match = table.matcher.match(method, target.segments);
-    if (match.kind === 'not-found') return answer(c, 404, 'No such endpoint');
+    if (match.kind === 'not-found') return answered(c, 404, 'No such endpoint');
     if (match.kind === 'method-not-allowed') {
       const allow = match.allow.filter((m) => m !== 'WS');
       if (allow.length === 0) {
         // RFC 9110 §15.5.22: the resource needs an upgrade to another protocol.
-        return answer(c, 426, 'This endpoint is a WebSocket: connect with Upgrade: websocket', [
+        return answered(c, 426, 'This endpoint is a WebSocket: connect with Upgrade: websocket', [
           ['Upgrade', 'websocket'],
           ['Connection', 'Upgrade'],
         ]);
       }
-      return answer(c, 405, 'Method not allowed for this endpoint', [['Allow', allow.join(', ')]]);
+      return answered(c, 405, 'Method not allowed for this endpoint', [['Allow', allow.join(', ')]]);
     }
     const { route, value: row } = match.entry;
     c.set('table', table);
@@ -45,7 +46,7 @@ export function matchEndpoint(options: EndpointOptions): MiddlewareHandler<Gatew
       path: target.path,
       query: target.query,
     });
-    await next();
+    return next();
   };
 }
 

@@ -20,6 +20,8 @@ export interface ForwardOptions {
   readonly maxBodyBytes: number;
 }
 
+const NO_HEADERS: HeaderList = [];
+
 export function forward(options: ForwardOptions): Handler<GatewayEnv> {
   const { forwarder, webSocketProxy, websockets, maxBodyBytes } = options;
   return async function forward(c) {
@@ -29,8 +31,8 @@ export function forward(options: ForwardOptions): Handler<GatewayEnv> {
     const endpoint = c.get('endpoint');
     const requestId = c.get('requestId');
     const upgrade = c.env.upgrade;
-    // Added to the bridge's answer (the 101 of an upgrade included) and to a 502/504 the forwarder writes.
-    const answerHeaders: HeaderList = [...(c.get('usageHeaders') ?? []), ['X-Request-Id', requestId]];
+    // Added to the bridge's answer (the 101 of an upgrade included) and to a 502/504 the gateway writes.
+    const usageHeaders = c.get('usageHeaders') ?? NO_HEADERS;
 
     if (upgrade) {
       const opened = await new Promise<number>((resolve) => {
@@ -42,7 +44,7 @@ export function forward(options: ForwardOptions): Handler<GatewayEnv> {
           target: endpoint.path + withoutApiKey(endpoint.query),
           requestId,
           clientAddress: c.get('clientAddress'),
-          answerHeaders,
+          answerHeaders: [...usageHeaders, ['X-Request-Id', requestId]],
           onOpen: (client, bridge) => websockets.add(endpoint.row, client, bridge),
           onDone: resolve,
         });
@@ -60,7 +62,7 @@ export function forward(options: ForwardOptions): Handler<GatewayEnv> {
       maxBodyBytes,
       requestId,
       clientAddress: c.get('clientAddress'),
-      answerHeaders,
+      usageHeaders,
     });
     c.set('forwarded', { status: result.status, upstreamMs: result.upstreamMs });
     return RESPONSE_ALREADY_SENT;

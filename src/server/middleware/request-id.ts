@@ -7,9 +7,9 @@ import { requestHeader } from '../request-header.js';
 const SANE_REQUEST_ID = /^[A-Za-z0-9._:-]{1,128}$/;
 
 export function requestId(): MiddlewareHandler<GatewayEnv> {
-  return async function requestId(c, next) {
+  return function requestId(c, next) {
     const given = requestHeader(c, 'x-request-id');
     c.set('requestId', given !== undefined && SANE_REQUEST_ID.test(given) ? given : randomUUID());
-    await next();
+    return next();
   };
 }
