@@ -1,4 +1,5 @@
 import { createHash } from 'node:crypto';
+import fastJson from 'fast-json-stringify';
 import pino, { type DestinationStream, type Logger } from 'pino';
 import type { LogLevel } from '../config/settings.js';
 
@@ -32,4 +33,68 @@ export function shortKeyHash(keyHash: string): string {
 
 export function sha256Hex(value: string): string {
   return createHash('sha256').update(value).digest('hex');
+}
+
+/** One access-log line's fields (README "Logs"); absent ones are left out of the line. */
+export interface AccessRecord {
+  reqId: string;
+  method: string;
+  endpoint: string;
+  path?: string | undefined;
+  status: number;
+  ms: number;
+  upstreamMs?: number | undefined;
+  bridge?: string | undefined;
+  address?: string | undefined;
+  key?: string | undefined;
+  keyId?: string | undefined;
+  limit?: string | undefined;
+  spent?: string | undefined;
+  counter?: string | undefined;
+  reason?: string | undefined;
+}
+
+/** The line's fields in the order they are written; types as fast-json-stringify's schema wants them. */
+const ACCESS_LINE_SCHEMA: ReadonlyArray<[string, 'string' | 'integer' | 'number']> = [
+  ['level', 'string'],
+  ['time', 'integer'],
+  ['pid', 'integer'],
+  ['reqId', 'string'],
+  ['method', 'string'],
+  ['endpoint', 'string'],
+  ['path', 'string'],
+  ['status', 'integer'],
+  ['ms', 'number'],
+  ['upstreamMs', 'number'],
+  ['bridge', 'string'],
+  ['address', 'string'],
+  ['key', 'string'],
+  ['keyId', 'string'],
+  ['limit', 'string'],
+  ['spent', 'string'],
+  ['counter', 'string'],
+  ['reason', 'string'],
+  ['msg', 'string'],
+];
+
+/**
+ * Writes access-log lines into the logger's own output, in pino's line format (`level`, `time`,
+ * `pid`, the fields, `msg`), serialized by fast-json-stringify from a fixed schema: every request
+ * has one, and pino's generic serializer, which looks at every field anew, costs several times as
+ * much (README "Scale and performance"). Every other line goes through pino as usual.
+ */
+export function accessLogWriter(logger: Logger): (record: AccessRecord) => void {
+  const properties = Object.fromEntries(ACCESS_LINE_SCHEMA.map(([field, type]) => [field, { type }]));
+  const stringify = fastJson({ type: 'object', properties });
+  const stream = (logger as unknown as Record<symbol, { write(line: string): void }>)[pino.symbols.streamSym];
+  const pid = process.pid;
+  return function writeAccessLine(record) {
+    if (!stream || !logger.isLevelEnabled('info')) return;
+    const line = record as AccessRecord & { level?: string; time?: number; pid?: number; msg?: string };
+    line.level = 'info';
+    line.time = Date.now();
+    line.pid = pid;
+    line.msg = 'request';
+    stream.write(stringify(line) + '\n');
+  };
 }

@@ -38,23 +38,29 @@ import { toStoreError } from './errors.js';
 
 /** Calls remembered per counter: far more than one instance ever has in doubt on one counter. */
 const RECEIPTS_KEPT = 8;
-/** Arguments per request: hourStart, dayStart, hourLimit, dayLimit, expireAt, force. */
-const ARGS_PER_KEY = 6;
+/** Arguments of a call before its requests' own: hourStart, dayStart, expireAt (one call counts in one pair of windows). */
+const SHARED_ARGS = 3;
+/** Arguments per request: hourLimit, dayLimit, force. */
+const ARGS_PER_KEY = 3;
 /** Arguments per merged counter: hourStart, hour, dayStart, day, expireAt. */
 const ARGS_PER_MERGE = 5;
 
 // The rule of countStep() in limits/store.ts, for every request of a call: windows only move
-// forward, a refusal writes nothing. KEYS: one counter per request (repeats allowed); ARGV: six
-// arguments per request, then the call's receipt. Answers three numbers per request: allowed,
-// hour count, day count. Each counter is read once and written once.
+// forward, a refusal writes nothing. KEYS: one counter per request (repeats allowed); ARGV: the
+// windows every request of the call counts in (hourStart, dayStart, expireAt), three arguments per
+// request (hourLimit, dayLimit, force), then the call's receipt. Answers three numbers per request:
+// allowed, hour count, day count. Each counter is read once and written once.
 const CONSUME_SCRIPT = `
-local receipt = ARGV[#KEYS * ${ARGS_PER_KEY} + 1]
+local hs = tonumber(ARGV[1])
+local ds = tonumber(ARGV[2])
+local expireAt = ARGV[3]
+local receipt = ARGV[#KEYS * ${ARGS_PER_KEY} + ${SHARED_ARGS} + 1]
 local counters = {}
 local order = {}
 local out = {}
 for i = 1, #KEYS do
   local key = KEYS[i]
-  local a = (i - 1) * ${ARGS_PER_KEY}
+  local a = ${SHARED_ARGS} + (i - 1) * ${ARGS_PER_KEY}
   local c = counters[key]
   if not c then
     local v = redis.call('HMGET', key, 'hs', 'hc', 'ds', 'dc', 'rc')
@@ -62,12 +68,10 @@ for i = 1, #KEYS do
     counters[key] = c
     order[#order + 1] = key
   end
-  local hs = tonumber(ARGV[a + 1])
-  local ds = tonumber(ARGV[a + 2])
   local hc, dc = c.hc, c.dc
   if not c.hs or c.hs < hs then hc = 0 end
   if not c.ds or c.ds < ds then dc = 0 end
-  if ARGV[a + 6] ~= '1' and (hc >= tonumber(ARGV[a + 3]) or dc >= tonumber(ARGV[a + 4])) then
+  if ARGV[a + 3] ~= '1' and (hc >= tonumber(ARGV[a + 1]) or dc >= tonumber(ARGV[a + 2])) then
     out[#out + 1] = 0
   else
     if not c.hs or c.hs < hs then c.hs = hs end
@@ -76,7 +80,6 @@ for i = 1, #KEYS do
     dc = dc + 1
     c.hc, c.dc = hc, dc
     c.added = c.added + 1
-    c.expireAt = ARGV[a + 5]
     out[#out + 1] = 1
   end
   out[#out + 1] = hc
@@ -93,7 +96,7 @@ for _, key in ipairs(order) do
     end
     if cut then rc = string.sub(rc, 1, cut) end
     redis.call('HSET', key, 'hs', c.hs, 'hc', c.hc, 'ds', c.ds, 'dc', c.dc, 'rc', rc)
-    if c.newDay then redis.call('PEXPIREAT', key, c.expireAt) end
+    if c.newDay then redis.call('PEXPIREAT', key, expireAt) end
   end
 end
 return out
@@ -148,9 +151,9 @@ interface Pending {
 type InDoubt = Map<string, { readonly hourStart: number; readonly dayStart: number }>;
 
 interface ScriptCommands {
-  /** One counter: its key, its six arguments, the receipt. */
+  /** One counter: its key, the windows, its three arguments, the receipt. */
   oapiConsume(key: string, ...args: Array<string | number>): Promise<number[]>;
-  /** `numberOfKeys`, the counters, six arguments per counter, the receipt. */
+  /** `numberOfKeys`, the counters, the windows, three arguments per counter, the receipt. */
   oapiConsumeMany(numberOfKeys: number, ...keysThenArgs: Array<string | number>): Promise<number[]>;
   oapiUndo(key: string, receipt: string, hourStart: number, dayStart: number): Promise<number>;
   oapiMerge(key: string, ...args: number[]): Promise<number>;
@@ -196,23 +199,31 @@ export class RedisCounterStore implements CounterStore {
   consume(request: ConsumeRequest): Promise<Counts> {
     return new Promise((resolve, reject) => {
       const pending: Pending = { key: this.counterKey(request.keyHash, request.counterId), request, resolve, reject };
-      if (!this.#batching) this.#run([pending]);
-      else if (this.#batch.push(pending) === 1) setImmediate(this.#send);
+      if (!this.#batching) {
+        this.#run([pending]);
+        return;
+      }
+      // One call counts in one pair of windows: a request of other windows (a boundary just passed) starts a new call.
+      const first = this.#batch[0]?.request;
+      if (first && !sameWindows(first, request)) this.#send();
+      if (this.#batch.push(pending) === 1) setImmediate(this.#send);
     });
   }
 
   readonly #send = (): void => {
     const batch = this.#batch;
+    if (batch.length === 0) return;
     this.#batch = [];
     this.#run(batch);
   };
 
-  /** One script call for the whole batch: its counters, six arguments per counter, the call's receipt. */
+  /** One script call for the whole batch: its counters, its windows, three arguments per counter, the call's receipt. */
   #run(batch: readonly Pending[]): void {
     const receipt = this.#instance + (this.#sequence++).toString(36);
+    const { hourStart, dayStart, expireAt } = (batch[0] as Pending).request;
     const keysThenArgs: Array<string | number> = batch.map((p) => p.key);
-    for (const { request: r } of batch)
-      keysThenArgs.push(r.hourStart, r.dayStart, r.hourLimit, r.dayLimit, r.expireAt, r.force ? '1' : '0');
+    keysThenArgs.push(hourStart, dayStart, expireAt);
+    for (const { request: r } of batch) keysThenArgs.push(r.hourLimit, r.dayLimit, r.force ? '1' : '0');
     keysThenArgs.push(receipt);
     const [firstKey, ...rest] = keysThenArgs as [string, ...Array<string | number>];
     const reply =
@@ -338,4 +349,8 @@ export class RedisCounterStore implements CounterStore {
     clearInterval(this.#reconcileTimer);
     this.#client.off('ready', this.#onReady);
   }
+}
+
+function sameWindows(a: ConsumeRequest, b: ConsumeRequest): boolean {
+  return a.hourStart === b.hourStart && a.dayStart === b.dayStart && a.expireAt === b.expireAt;
 }

@@ -31,6 +31,28 @@ describe('RedisCounterStore in Redis', () => {
     inspect.disconnect();
   });
 
+  it('counts requests of one turn in their own windows when a window boundary falls between them (they go in separate calls)', async () => {
+    const store = new RedisCounterStore(client, prefix);
+    const before = request({ keyHash: 'boundary' });
+    const after = request({ keyHash: 'boundary', hourStart: before.hourStart + 3600 });
+    const other = request({ keyHash: 'boundary-2', hourStart: before.hourStart + 3600 });
+    // The same turn of the event loop: without the split they would share one call and one pair of windows.
+    const counts = await Promise.all([store.consume(before), store.consume(after), store.consume(other)]);
+    expect(counts).toEqual([
+      { allowed: true, hour: 1, day: 1 },
+      // The next hour starts afresh; the day goes on.
+      { allowed: true, hour: 1, day: 2 },
+      { allowed: true, hour: 1, day: 1 },
+    ]);
+    const inspect = redisClient();
+    expect(await inspect.hmget(store.counterKey('boundary', before.counterId), 'hs', 'hc', 'dc')).toEqual([
+      String(after.hourStart),
+      '1',
+      '2',
+    ]);
+    inspect.disconnect();
+  });
+
   it('keeps the receipts of the last 8 calls only, and none of refusals', async () => {
     const store = new RedisCounterStore(client, prefix);
     for (let i = 0; i < 20; i++) await store.consume(request({ keyHash: 'receipts', hourLimit: 12, dayLimit: 100 }));

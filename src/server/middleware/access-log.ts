@@ -1,6 +1,6 @@
 import type { MiddlewareHandler } from 'hono';
 import type { Logger } from '../../observability/logger.js';
-import { shortKeyHash } from '../../observability/logger.js';
+import { accessLogWriter, shortKeyHash } from '../../observability/logger.js';
 import { UNMATCHED, type GatewayMetrics } from '../../observability/metrics.js';
 import type { GatewayEnv } from '../context.js';
 
@@ -12,6 +12,7 @@ import type { GatewayEnv } from '../context.js';
 
 export function accessLog(options: { logger: Logger; metrics: GatewayMetrics }): MiddlewareHandler<GatewayEnv> {
   const { logger, metrics } = options;
+  const writeLine = accessLogWriter(logger);
   return async function accessLog(c, next) {
     const started = performance.now();
     await next();
@@ -26,33 +27,30 @@ export function accessLog(options: { logger: Logger; metrics: GatewayMetrics }):
 
     const client = c.get('client');
     const decision = c.get('decision');
-    logger.info(
-      {
-        reqId: c.get('requestId'),
-        method: c.env?.upgrade ? 'WS' : c.req.method,
-        endpoint: label,
-        path: endpoint?.path,
-        status,
-        ms: round(ms),
-        upstreamMs: forwarded?.upstreamMs === undefined ? undefined : round(forwarded.upstreamMs),
-        bridge: forwarded ? endpoint?.bridge : undefined,
-        key: client ? shortKeyHash(client.keyHash) : undefined,
-        keyId: client?.keyId,
-        limit:
-          decision === undefined
-            ? undefined
-            : decision.kind !== 'counted'
-              ? decision.kind
-              : decision.allowed
-                ? decision.spent
-                  ? 'shadow-over'
-                  : 'allowed'
-                : 'refused',
-        spent: decision?.kind === 'counted' ? decision.spent : undefined,
-        counter: decision?.kind === 'counted' && decision.source !== 'store' ? decision.source : undefined,
-      },
-      'request',
-    );
+    writeLine({
+      reqId: c.get('requestId'),
+      method: c.env?.upgrade ? 'WS' : (c.env?.incoming?.method ?? c.req.method),
+      endpoint: label,
+      path: endpoint?.path,
+      status,
+      ms: round(ms),
+      upstreamMs: forwarded?.upstreamMs === undefined ? undefined : round(forwarded.upstreamMs),
+      bridge: forwarded ? endpoint?.bridge : undefined,
+      key: client ? shortKeyHash(client.keyHash) : undefined,
+      keyId: client?.keyId,
+      limit:
+        decision === undefined
+          ? undefined
+          : decision.kind !== 'counted'
+            ? decision.kind
+            : decision.allowed
+              ? decision.spent
+                ? 'shadow-over'
+                : 'allowed'
+              : 'refused',
+      spent: decision?.kind === 'counted' ? decision.spent : undefined,
+      counter: decision?.kind === 'counted' && decision.source !== 'store' ? decision.source : undefined,
+    });
   };
 }
 
