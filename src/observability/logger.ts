@@ -1,5 +1,4 @@
 import { createHash } from 'node:crypto';
-import fastJson from 'fast-json-stringify';
 import pino, { type DestinationStream, type Logger } from 'pino';
 import type { LogLevel } from '../config/settings.js';
 
@@ -54,47 +53,41 @@ export interface AccessRecord {
   reason?: string | undefined;
 }
 
-/** The line's fields in the order they are written; types as fast-json-stringify's schema wants them. */
-const ACCESS_LINE_SCHEMA: ReadonlyArray<[string, 'string' | 'integer' | 'number']> = [
-  ['level', 'string'],
-  ['time', 'integer'],
-  ['pid', 'integer'],
-  ['reqId', 'string'],
-  ['method', 'string'],
-  ['endpoint', 'string'],
-  ['path', 'string'],
-  ['status', 'integer'],
-  ['ms', 'number'],
-  ['upstreamMs', 'number'],
-  ['bridge', 'string'],
-  ['address', 'string'],
-  ['key', 'string'],
-  ['keyId', 'string'],
-  ['limit', 'string'],
-  ['spent', 'string'],
-  ['counter', 'string'],
-  ['reason', 'string'],
-  ['msg', 'string'],
-];
-
 /**
  * Writes access-log lines into the logger's own output, in pino's line format (`level`, `time`,
- * `pid`, the fields, `msg`), serialized by fast-json-stringify from a fixed schema: every request
- * has one, and pino's generic serializer, which looks at every field anew, costs several times as
- * much (README "Scale and performance"). Every other line goes through pino as usual.
+ * `pid`, the fields, `msg`; absent fields left out), with one JSON.stringify: every request has one,
+ * and pino's generic serializer, which quotes every key and checks every value anew, costs about
+ * twice as much (README "Scale and performance"). Every other line goes through pino as usual.
  */
 export function accessLogWriter(logger: Logger): (record: AccessRecord) => void {
-  const properties = Object.fromEntries(ACCESS_LINE_SCHEMA.map(([field, type]) => [field, { type }]));
-  const stringify = fastJson({ type: 'object', properties });
-  const stream = (logger as unknown as Record<symbol, { write(line: string): void }>)[pino.symbols.streamSym];
+  const stream = (logger as unknown as Record<symbol, { write(line: string): void } | undefined>)[
+    pino.symbols.streamSym
+  ];
   const pid = process.pid;
-  return function writeAccessLine(record) {
+  return function writeAccessLine(r) {
     if (!stream || !logger.isLevelEnabled('info')) return;
-    const line = record as AccessRecord & { level?: string; time?: number; pid?: number; msg?: string };
-    line.level = 'info';
-    line.time = Date.now();
-    line.pid = pid;
-    line.msg = 'request';
-    stream.write(stringify(line) + '\n');
+    // Built field by field, in one shape for every line: JSON.stringify is fastest on such an object.
+    const line = {
+      level: 'info',
+      time: Date.now(),
+      pid,
+      reqId: r.reqId,
+      method: r.method,
+      endpoint: r.endpoint,
+      path: r.path,
+      status: r.status,
+      ms: r.ms,
+      upstreamMs: r.upstreamMs,
+      bridge: r.bridge,
+      address: r.address,
+      key: r.key,
+      keyId: r.keyId,
+      limit: r.limit,
+      spent: r.spent,
+      counter: r.counter,
+      reason: r.reason,
+      msg: 'request',
+    };
+    stream.write(JSON.stringify(line) + '\n');
   };
 }

@@ -1,7 +1,8 @@
 import type { ClientRequest, IncomingMessage, ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
-import { createProxyMiddleware, proxyEventsPlugin, type RequestHandler } from 'http-proxy-middleware';
+import type * as HttpProxyMiddleware from 'http-proxy-middleware';
+import type { RequestHandler } from 'http-proxy-middleware';
 import { BRIDGES, type BridgeName } from '../config/settings.js';
 import type { HeaderList } from '../limits/headers.js';
 import { requestHeaderList } from '../proxy/headers.js';
@@ -48,8 +49,12 @@ export interface WebSocketProxyOptions {
   readonly onError?: (err: Error, context: { bridge: BridgeName; phase: string }) => void;
 }
 
+type UpgradeHandler = RequestHandler & { upgrade: (req: IncomingMessage, socket: Duplex, head: Buffer) => void };
+
 export class WebSocketProxy {
-  readonly #proxies = new Map<BridgeName, RequestHandler>();
+  /** Loaded with the first upgrade: an instance that never sees one does not carry http-proxy in its memory. */
+  #proxies: Promise<Map<BridgeName, UpgradeHandler>> | undefined;
+  readonly #urls: Readonly<Record<BridgeName, URL>>;
   readonly #hosts = new Map<BridgeName, string>();
   /** Upgrades on their way, by the client's request (http-proxy's events name only the request). */
   readonly #upgrades = new WeakMap<IncomingMessage, Upgrade>();
@@ -61,11 +66,15 @@ export class WebSocketProxy {
   constructor(options: WebSocketProxyOptions) {
     this.#timeoutMs = options.timeoutMs;
     this.#onError = options.onError ?? (() => {});
-    for (const bridge of BRIDGES) {
-      const url = options.bridges[bridge];
-      this.#hosts.set(bridge, url.host);
-      this.#proxies.set(bridge, this.#createProxy(bridge, url));
-    }
+    this.#urls = options.bridges;
+    for (const bridge of BRIDGES) this.#hosts.set(bridge, options.bridges[bridge].host);
+  }
+
+  #loadProxies(): Promise<Map<BridgeName, UpgradeHandler>> {
+    this.#proxies ??= import('http-proxy-middleware').then(
+      (library) => new Map(BRIDGES.map((bridge) => [bridge, this.#createProxy(library, bridge, this.#urls[bridge])])),
+    );
+    return this.#proxies;
   }
 
   /** Hands an accepted WebSocket upgrade to the bridge; frames then flow both ways. */
@@ -105,13 +114,13 @@ export class WebSocketProxy {
     incoming.headers = object;
     incoming.url = request.target;
     this.#upgrades.set(incoming, upgrade);
-    const proxy = this.#proxies.get(request.bridge) as RequestHandler & {
-      upgrade: (req: IncomingMessage, socket: Duplex, head: Buffer) => void;
-    };
-    proxy.upgrade(incoming, socket, request.head);
+    void this.#loadProxies().then((proxies) => {
+      if (!upgrade.settled) proxies.get(request.bridge)?.upgrade(incoming, socket, request.head);
+    });
   }
 
-  #createProxy(bridge: BridgeName, url: URL): RequestHandler {
+  #createProxy(library: typeof HttpProxyMiddleware, bridge: BridgeName, url: URL): UpgradeHandler {
+    const { createProxyMiddleware, proxyEventsPlugin } = library;
     const hostname = url.hostname.replace(/^\[(.*)\]$/, '$1');
     const basePath = url.pathname.replace(/\/+$/, '');
     const target = {
@@ -121,6 +130,7 @@ export class WebSocketProxy {
       port: url.port || (url.protocol === 'https:' ? '443' : '80'),
       path: url.pathname === '/' ? '' : url.pathname,
     };
+    // (Its typings name the client socket a net.Socket; an upgrade's socket is a Duplex, which is all it uses.)
     return createProxyMiddleware<IncomingMessage, ServerResponse>({
       target: target,
       changeOrigin: true,
@@ -168,7 +178,7 @@ export class WebSocketProxy {
           });
         },
       },
-    });
+    }) as unknown as UpgradeHandler;
   }
 
   #failed(upgrade: Upgrade, status: number, message: string): void {
