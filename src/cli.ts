@@ -1,15 +1,15 @@
 #!/usr/bin/env node
 import { existsSync } from 'node:fs';
 import { resolve } from 'node:path';
-import type { LimitTable } from './config/limit-table.js';
-import { limitsFor } from './config/limit-table.js';
+import type { LimitTable } from './limits/limit-table.js';
+import { limitsFor } from './limits/limit-table.js';
 import { readLimitsFile } from './config/load-limits.js';
-import { formatSourceError } from './config/yaml-source.js';
+import { formatSourceError } from './lib/yaml-source.js';
 import { readKeyFile } from './keys/key-file.js';
-import { sha256Hex } from './observability/logger.js';
+import { sha256Hex } from './lib/hash.js';
 import { adminOpenApi } from './openapi/admin.js';
 import { publicOpenApi } from './openapi/public.js';
-import { VERSION } from './version.js';
+import { VERSION } from './lib/version.js';
 
 /**
  * `npx oapi-gateway check [FILE] [--keys FILE]`: validates a limits file (and the key file),

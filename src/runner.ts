@@ -7,11 +7,12 @@ import { createAdminApp } from './admin/app.js';
 import { getRequestListener } from '@hono/node-server';
 import type { Settings } from './config/settings.js';
 import { TableHolder, type ReloadResult } from './config/table-holder.js';
-import { watchFile, type FileWatch } from './config/file-watcher.js';
-import { formatSourceError } from './config/yaml-source.js';
+import { watchFile, type FileWatch } from './lib/file-watcher.js';
+import { formatSourceError } from './lib/yaml-source.js';
 import { InvalidKeyGuard } from './keys/guard.js';
 import { readKeyFile, type KeyFileLoad } from './keys/key-file.js';
-import { KeyRegistry, MemoryIssuedKeyStore, RedisIssuedKeyStore } from './keys/registry.js';
+import { KeyRegistry, MemoryIssuedKeyStore } from './keys/registry.js';
+import { RedisIssuedKeyStore } from './redis/issued-keys.js';
 import { Limiter } from './limits/limiter.js';
 import { MemoryCounterStore } from './limits/memory-store.js';
 import type { Clock } from './limits/windows.js';
@@ -21,11 +22,12 @@ import { Forwarder } from './proxy/forwarder.js';
 import { WebSocketProxy } from './ws/bridge-proxy.js';
 import { connectWithin, createRedisClient, createSubscriber, isReady, type RedisClient } from './redis/connection.js';
 import { RedisCounterStore } from './redis/counter-store.js';
-import { LocalEventBus, RedisEventBus, type EventBus } from './redis/events.js';
+import { LocalEventBus, type EventBus } from './events/bus.js';
+import { RedisEventBus } from './redis/events.js';
 import { createPublicServer } from './server/http-server.js';
 import { createPublicApp } from './server/public-app.js';
 import { WebSocketConnections } from './ws/connections.js';
-import { upgradeListener } from './ws/upgrade.js';
+import { upgradeListener } from './server/upgrade.js';
 
 /**
  * Wires one gateway instance: settings → counter store → limit table → keys → limiter →

@@ -1,22 +1,23 @@
 import { Hono, type Context, type MiddlewareHandler } from 'hono';
 import { bearerAuth } from 'hono/bearer-auth';
 import type { ReloadResult, TableHolder } from '../config/table-holder.js';
-import { limitsFor, type LimitTable } from '../config/limit-table.js';
-import { formatSourceError } from '../config/yaml-source.js';
+import { limitsFor, type LimitTable } from '../limits/limit-table.js';
+import { formatSourceError } from '../lib/yaml-source.js';
 import { KEY_ID } from '../keys/key-file.js';
 import type { KeyRegistry } from '../keys/registry.js';
 import type { Limiter } from '../limits/limiter.js';
 import { StoreUnavailableError } from '../limits/store.js';
 import { secondsUntil } from '../limits/windows.js';
 import type { Logger } from '../observability/logger.js';
-import { sha256Hex, shortKeyHash } from '../observability/logger.js';
+import { sha256Hex } from '../lib/hash.js';
+import { shortKeyHash } from '../observability/logger.js';
 import type { GatewayMetrics } from '../observability/metrics.js';
 import { adminOpenApi } from '../openapi/admin.js';
 import type { OpenApiDocument } from '../openapi/common.js';
 import { publicOpenApi } from '../openapi/public.js';
-import type { EventBus } from '../redis/events.js';
-import { errorBody } from '../server/answers.js';
-import { VERSION } from '../version.js';
+import type { EventBus } from '../events/bus.js';
+import { errorBody } from '../lib/answers.js';
+import { VERSION } from '../lib/version.js';
 
 /**
  * The admin listener (INTERFACE §7): health, readiness and metrics for the platform, and the

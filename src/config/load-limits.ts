@@ -2,7 +2,7 @@ import { readFile } from 'node:fs/promises';
 import type { YAMLMap } from 'yaml';
 import { parseRoute, type Route } from '../limits/route.js';
 import { isValidTimezone } from '../limits/windows.js';
-import { buildTable, type LimitRow, type LimitTable, type Plan, type RowLimits } from './limit-table.js';
+import { buildTable, type LimitRow, type LimitTable, type Plan, type RowLimits } from '../limits/limit-table.js';
 import {
   describe,
   entries,
@@ -12,7 +12,7 @@ import {
   YamlSource,
   byPosition,
   type SourceError,
-} from './yaml-source.js';
+} from '../lib/yaml-source.js';
 
 /**
  * Reads and validates `limits.yaml` (INTERFACE §4, plans of §10). Every problem is reported,

@@ -1,8 +1,17 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { isAbsolute, resolve } from 'node:path';
 import type { FailureMode } from '../limits/limiter.js';
+import type { LogLevel } from '../observability/logger.js';
 import { parseRoute, type Route } from '../limits/route.js';
-import { describe, entries, isYamlMap, isYamlSeq, scalarValue, YamlSource, formatSourceError } from './yaml-source.js';
+import {
+  describe,
+  entries,
+  isYamlMap,
+  isYamlSeq,
+  scalarValue,
+  YamlSource,
+  formatSourceError,
+} from '../lib/yaml-source.js';
 
 /**
  * Settings of one gateway process: `config/gateway.yaml`, overridden by the environment
@@ -13,7 +22,6 @@ import { describe, entries, isYamlMap, isYamlSeq, scalarValue, YamlSource, forma
 export type BridgeName = 'eqt' | 'fno';
 export const BRIDGES: readonly BridgeName[] = ['eqt', 'fno'];
 export type ApiKeyMode = 'registered' | 'any';
-export type LogLevel = 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
 
 export interface Settings {
   readonly port: number;

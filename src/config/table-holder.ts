@@ -1,9 +1,9 @@
 import type { Logger } from '../observability/logger.js';
 import type { GatewayMetrics } from '../observability/metrics.js';
-import { watchFile, type FileWatch } from './file-watcher.js';
-import type { LimitTable } from './limit-table.js';
+import { watchFile, type FileWatch } from '../lib/file-watcher.js';
+import type { LimitTable } from '../limits/limit-table.js';
 import { readLimitsFile } from './load-limits.js';
-import { formatSourceError, type SourceError } from './yaml-source.js';
+import { formatSourceError, type SourceError } from '../lib/yaml-source.js';
 
 /**
  * The limit table in force, and its reloads (INTERFACE §7): on a change of the file, on

@@ -1,10 +1,10 @@
 import type { LRUCache } from 'lru-cache';
-import { boundedCache } from '../limits/bounded-cache.js';
+import { boundedCache } from '../lib/bounded-cache.js';
 import type { RateLimiterAbstract } from 'rate-limiter-flexible';
 import RateLimiterMemory from 'rate-limiter-flexible/lib/RateLimiterMemory.js';
 import RateLimiterRedis from 'rate-limiter-flexible/lib/RateLimiterRedis.js';
 import RateLimiterRes from 'rate-limiter-flexible/lib/RateLimiterRes.js';
-import type { RedisClient } from '../redis/connection.js';
+import type { Cluster, Redis } from 'ioredis';
 
 /**
  * Throttles clients that send missing or unknown API keys (INTERFACE §10): after `attempts`
@@ -24,7 +24,7 @@ export class InvalidKeyGuard {
   readonly #onBlock: (address: string, ms: number) => void;
 
   constructor(options: {
-    client?: RedisClient | undefined;
+    client?: Redis | Cluster | undefined;
     prefix: string;
     attempts: number;
     windowSeconds: number;

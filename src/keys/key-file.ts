@@ -8,7 +8,7 @@ import {
   scalarValue,
   YamlSource,
   type SourceError,
-} from '../config/yaml-source.js';
+} from '../lib/yaml-source.js';
 
 /**
  * `config/api-keys.yaml`: statically issued keys, stored as the SHA-256 hex of the key

@@ -1,4 +1,5 @@
 import { retryAfterSeconds, type Decision } from './limiter.js';
+import type { HeaderList } from '../lib/header-list.js';
 import { secondsUntil } from './windows.js';
 
 /**
@@ -8,7 +9,6 @@ import { secondsUntil } from './windows.js';
  * `t` (seconds until reset) parameters.
  */
 
-export type HeaderList = Array<[string, string]>;
 type CountedDecision = Extract<Decision, { kind: 'counted' }>;
 
 const DAY_SECONDS = 86_400;

@@ -1,6 +1,6 @@
 import type { LRUCache } from 'lru-cache';
-import { boundedCache } from './bounded-cache.js';
-import type { LimitRow, RowLimits } from '../config/limit-table.js';
+import { boundedCache } from '../lib/bounded-cache.js';
+import type { LimitRow, RowLimits } from './limit-table.js';
 import {
   MergeFailedError,
   mergeStep,

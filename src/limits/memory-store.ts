@@ -1,5 +1,5 @@
 import type { LRUCache } from 'lru-cache';
-import { boundedCache } from './bounded-cache.js';
+import { boundedCache } from '../lib/bounded-cache.js';
 import {
   countStep,
   mergeStep,

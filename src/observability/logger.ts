@@ -1,6 +1,4 @@
-import { createHash } from 'node:crypto';
 import pino, { type DestinationStream, type Logger } from 'pino';
-import type { LogLevel } from '../config/settings.js';
 
 /**
  * JSON lines on stdout (pino). Secrets never reach a line because no line is ever given one:
@@ -10,6 +8,7 @@ import type { LogLevel } from '../config/settings.js';
  */
 
 export type { Logger };
+export type LogLevel = 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
 
 export function createLogger(level: LogLevel, destination?: DestinationStream): Logger {
   const options = {
@@ -28,10 +27,6 @@ export function createLogger(level: LogLevel, destination?: DestinationStream): 
 /** The short, non-reversible name of an API key (or of its full SHA-256 hash) used in logs. */
 export function shortKeyHash(keyHash: string): string {
   return keyHash.slice(0, 12);
-}
-
-export function sha256Hex(value: string): string {
-  return createHash('sha256').update(value).digest('hex');
 }
 
 /** One access-log line's fields (README "Logs"); absent ones are left out of the line. */

@@ -2,7 +2,7 @@ import { Counter, Gauge, Registry, collectDefaultMetrics } from 'prom-client';
 import { LabelledHistogram } from './hot-metrics.js';
 import type { FailureMode, LimiterObserver } from '../limits/limiter.js';
 import type { StoreUnavailableError } from '../limits/store.js';
-import { VERSION } from '../version.js';
+import { VERSION } from '../lib/version.js';
 
 /**
  * Prometheus metrics (prom-client). Label values stay bounded: `endpoint` is the route of a

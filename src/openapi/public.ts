@@ -1,4 +1,4 @@
-import { limitsFor, type LimitRow, type LimitTable, type RowLimits } from '../config/limit-table.js';
+import { limitsFor, type LimitRow, type LimitTable, type RowLimits } from '../limits/limit-table.js';
 import { DEFAULT_CREDENTIAL_ROUTES } from '../config/settings.js';
 import { parseRoute, type Route } from '../limits/route.js';
 import {

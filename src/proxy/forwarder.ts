@@ -3,8 +3,8 @@ import type { Socket } from 'node:net';
 import { Readable } from 'node:stream';
 import { Pool, type Dispatcher } from 'undici';
 import { BRIDGES, type BridgeName } from '../config/settings.js';
-import type { HeaderList } from '../limits/headers.js';
-import { writeAnswer } from '../server/answers.js';
+import type { HeaderList } from '../lib/header-list.js';
+import { writeAnswer } from '../lib/answers.js';
 import { START, isEnded, step, type ExchangeAction, type ExchangeEvent, type ExchangeState } from './exchange.js';
 import { requestHeaderList, responseHeaderList, type BodyFraming } from './headers.js';
 

@@ -1,42 +1,8 @@
 import type { ServerResponse } from 'node:http';
 import { RESPONSE_ALREADY_SENT } from '@hono/node-server/utils/response';
 import type { Context } from 'hono';
-import type { HeaderList } from '../limits/headers.js';
-
-/**
- * Every answer the gateway writes itself (INTERFACE §6): JSON of exactly two string fields,
- * `error` and `message`, never a stack trace, an internal address or a secret. A counted
- * request's answer carries its usage headers; every answer carries `X-Request-Id`.
- */
-
-export const REASONS: Readonly<Record<number, string>> = {
-  400: 'Bad Request',
-  401: 'Unauthorized',
-  403: 'Forbidden',
-  404: 'Not Found',
-  405: 'Method Not Allowed',
-  408: 'Request Timeout',
-  409: 'Conflict',
-  413: 'Content Too Large',
-  415: 'Unsupported Media Type',
-  417: 'Expectation Failed',
-  422: 'Unprocessable Content',
-  426: 'Upgrade Required',
-  429: 'Rate Limit Exceeded',
-  431: 'Request Header Fields Too Large',
-  500: 'Internal Server Error',
-  501: 'Not Implemented',
-  502: 'Bad Gateway',
-  503: 'Service Unavailable',
-  504: 'Gateway Timeout',
-};
-
-/** `errorBody(429, 'Too Many Requests')` is the exact body of INTERFACE §6 and the seed's section 7. */
-export function errorBody(status: number, message: string): string {
-  return JSON.stringify({ error: REASONS[status] ?? 'Error', message });
-}
-
-const JSON_TYPE = 'application/json';
+import { errorBody, JSON_TYPE, writeAnswer } from '../lib/answers.js';
+import type { HeaderList } from '../lib/header-list.js';
 
 /**
  * A gateway answer inside the hono chain. Over a socket it is written straight to Node's response
@@ -66,21 +32,4 @@ export function answer(c: Context, status: number, message: string, headers: Hea
 /** `answer()` as a middleware's result. */
 export function answered(c: Context, status: number, message: string, headers: HeaderList = []): Promise<Response> {
   return Promise.resolve(answer(c, status, message, headers));
-}
-
-/** A gateway answer written straight to a Node response (forwarding errors, client errors). */
-export function writeAnswer(res: ServerResponse, status: number, message: string, headers: HeaderList = []): void {
-  const body = errorBody(status, message);
-  const list: string[] = ['Content-Type', JSON_TYPE, 'Content-Length', String(Buffer.byteLength(body))];
-  for (const [name, value] of headers) list.push(name, value);
-  res.writeHead(status, list);
-  res.end(body);
-}
-
-/** The same answer as raw HTTP/1.1 bytes, for a socket that is not (or no longer) an HTTP response. */
-export function rawAnswer(status: number, message: string, headers: HeaderList = []): string {
-  const body = errorBody(status, message);
-  let head = `HTTP/1.1 ${status} ${REASONS[status] ?? 'Error'}\r\nContent-Type: ${JSON_TYPE}\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n`;
-  for (const [name, value] of headers) head += `${name}: ${value}\r\n`;
-  return head + '\r\n' + body;
 }

@@ -1,9 +1,9 @@
 import type { Duplex } from 'node:stream';
 import type { HttpBindings } from '@hono/node-server';
-import type { LimitRow, LimitTable } from '../config/limit-table.js';
+import type { LimitRow, LimitTable } from '../limits/limit-table.js';
 import type { BridgeName } from '../config/settings.js';
 import type { Decision } from '../limits/limiter.js';
-import type { HeaderList } from '../limits/headers.js';
+import type { HeaderList } from '../lib/header-list.js';
 import type { Route } from '../limits/route.js';
 
 /** Request-scoped values, filled in as the request flows through the middleware chain. */

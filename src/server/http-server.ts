@@ -4,7 +4,7 @@ import { getRequestListener } from '@hono/node-server';
 import type { Hono } from 'hono';
 import type { Settings } from '../config/settings.js';
 import type { Logger } from '../observability/logger.js';
-import { errorBody, rawAnswer, writeAnswer } from './answers.js';
+import { errorBody, rawAnswer, writeAnswer } from '../lib/answers.js';
 import type { GatewayEnv } from './context.js';
 import { gateRefusal } from './request-gate.js';
 

@@ -1,5 +1,5 @@
 import { Hono } from 'hono';
-import type { LimitTable } from '../config/limit-table.js';
+import type { LimitTable } from '../limits/limit-table.js';
 import type { Settings } from '../config/settings.js';
 import type { InvalidKeyGuard } from '../keys/guard.js';
 import type { KeyRegistry } from '../keys/registry.js';

@@ -4,9 +4,9 @@ import type { Duplex } from 'node:stream';
 import type * as HttpProxyMiddleware from 'http-proxy-middleware';
 import type { RequestHandler } from 'http-proxy-middleware';
 import { BRIDGES, type BridgeName } from '../config/settings.js';
-import type { HeaderList } from '../limits/headers.js';
+import type { HeaderList } from '../lib/header-list.js';
 import { requestHeaderList } from '../proxy/headers.js';
-import { rawAnswer } from '../server/answers.js';
+import { rawAnswer } from '../lib/answers.js';
 
 /**
  * WebSocket upgrades to the bridges (README "WebSocket channels"), through http-proxy-middleware,

@@ -1,6 +1,6 @@
 import type { Socket } from 'node:net';
 import type { Duplex } from 'node:stream';
-import type { LimitRow } from '../config/limit-table.js';
+import type { LimitRow } from '../limits/limit-table.js';
 import type { GatewayMetrics } from '../observability/metrics.js';
 import { closeFrame, FrameBoundary } from './frames.js';
 

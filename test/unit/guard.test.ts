@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { InvalidKeyGuard } from '../../src/keys/guard.js';
-import { readEvent } from '../../src/redis/events.js';
+import { readEvent } from '../../src/events/bus.js';
 
 describe('InvalidKeyGuard (in memory)', () => {
   it('blocks after the allowed attempts and announces the block once, with its length', async () => {

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { formatSourceError } from '../../src/config/yaml-source.js';
+import { formatSourceError } from '../../src/lib/yaml-source.js';
 import { parseKeyFile } from '../../src/keys/key-file.js';
 
 const A = 'a'.repeat(64);

@@ -1,6 +1,6 @@
 import { beforeEach, describe, expect, it } from 'vitest';
 import { parseLimits } from '../../src/config/load-limits.js';
-import type { LimitRow, LimitTable } from '../../src/config/limit-table.js';
+import type { LimitRow, LimitTable } from '../../src/limits/limit-table.js';
 import { rateLimitHeaders, retryAfterHeader } from '../../src/limits/headers.js';
 import { Limiter, type Decision, type FailureMode } from '../../src/limits/limiter.js';
 import { MemoryCounterStore } from '../../src/limits/memory-store.js';

@@ -1,8 +1,8 @@
 import { readdirSync, readFileSync } from 'node:fs';
 import { describe, expect, it } from 'vitest';
-import { limitsFor } from '../../src/config/limit-table.js';
+import { limitsFor } from '../../src/limits/limit-table.js';
 import { parseLimits, readLimitsFile } from '../../src/config/load-limits.js';
-import { formatSourceError } from '../../src/config/yaml-source.js';
+import { formatSourceError } from '../../src/lib/yaml-source.js';
 
 const fixtures = new URL('../fixtures/limits/invalid/', import.meta.url);
 

@@ -2,7 +2,7 @@ import { Writable } from 'node:stream';
 import { describe, expect, it } from 'vitest';
 import { parse } from 'yaml';
 import { createAdminApp, type AdminDeps } from '../../src/admin/app.js';
-import type { LimitTable } from '../../src/config/limit-table.js';
+import type { LimitTable } from '../../src/limits/limit-table.js';
 import { parseLimits } from '../../src/config/load-limits.js';
 import { TableHolder } from '../../src/config/table-holder.js';
 import { createLogger } from '../../src/observability/logger.js';
@@ -12,7 +12,7 @@ import type { Json, OpenApiDocument, OpenApiOperation, OpenApiPathItem } from '.
 import { REASON_PHRASES } from '../../src/openapi/common.js';
 import { publicOpenApi } from '../../src/openapi/public.js';
 import { tokenSetBody } from '../../src/sandbox/bodies.js';
-import { REASONS, errorBody } from '../../src/server/answers.js';
+import { REASONS, errorBody } from '../../src/lib/answers.js';
 import { SHIPPED_LIMITS } from '../helpers/gateway.js';
 import { schemaChecker, validateDocument } from '../helpers/openapi.js';
 

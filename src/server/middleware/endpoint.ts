@@ -1,5 +1,5 @@
 import type { MiddlewareHandler } from 'hono';
-import type { LimitTable } from '../../config/limit-table.js';
+import type { LimitTable } from '../../limits/limit-table.js';
 import { bridgeFor, type Settings } from '../../config/settings.js';
 import { normaliseTarget } from '../../limits/normalise.js';
 import { answered } from '../answers.js';

@@ -1,6 +1,6 @@
 import type { Handler } from 'hono';
 import { RESPONSE_ALREADY_SENT } from '@hono/node-server/utils/response';
-import type { HeaderList } from '../../limits/headers.js';
+import type { HeaderList } from '../../lib/header-list.js';
 import type { Forwarder } from '../../proxy/forwarder.js';
 import type { WebSocketProxy } from '../../ws/bridge-proxy.js';
 import type { WebSocketConnections } from '../../ws/connections.js';

@@ -1,5 +1,5 @@
 import type { MiddlewareHandler } from 'hono';
-import { limitsFor } from '../../config/limit-table.js';
+import { limitsFor } from '../../limits/limit-table.js';
 import { rateLimitHeaders, retryAfterHeader } from '../../limits/headers.js';
 import type { Limiter } from '../../limits/limiter.js';
 import type { GatewayMetrics } from '../../observability/metrics.js';

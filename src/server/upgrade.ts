@@ -1,8 +1,8 @@
 import { STATUS_CODES, type IncomingMessage } from 'node:http';
 import type { Duplex } from 'node:stream';
 import type { Hono } from 'hono';
-import { rawAnswer } from '../server/answers.js';
-import type { GatewayEnv } from '../server/context.js';
+import { rawAnswer } from '../lib/answers.js';
+import type { GatewayEnv } from './context.js';
 
 /**
  * WebSocket upgrades (INTERFACE §8) go through the same middleware chain as every request:

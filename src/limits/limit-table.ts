@@ -1,7 +1,7 @@
 import { createHash } from 'node:crypto';
-import { RouteMatcher } from '../limits/matcher.js';
-import type { Route } from '../limits/route.js';
-import { WindowCalendar } from '../limits/windows.js';
+import { RouteMatcher } from './matcher.js';
+import type { Route } from './route.js';
+import { WindowCalendar } from './windows.js';
 
 /** One immutable snapshot of `limits.yaml`. The request path reads one snapshot from start to end. */
 

@@ -1,0 +1,54 @@
+import type { ServerResponse } from 'node:http';
+import type { HeaderList } from './header-list.js';
+
+/**
+ * Every answer the gateway writes itself (README "Headers and answers"): JSON of exactly two string fields,
+ * `error` and `message`, never a stack trace, an internal address or a secret. A counted
+ * request's answer carries its usage headers; every answer carries `X-Request-Id`.
+ */
+
+export const REASONS: Readonly<Record<number, string>> = {
+  400: 'Bad Request',
+  401: 'Unauthorized',
+  403: 'Forbidden',
+  404: 'Not Found',
+  405: 'Method Not Allowed',
+  408: 'Request Timeout',
+  409: 'Conflict',
+  413: 'Content Too Large',
+  415: 'Unsupported Media Type',
+  417: 'Expectation Failed',
+  422: 'Unprocessable Content',
+  426: 'Upgrade Required',
+  429: 'Rate Limit Exceeded',
+  431: 'Request Header Fields Too Large',
+  500: 'Internal Server Error',
+  501: 'Not Implemented',
+  502: 'Bad Gateway',
+  503: 'Service Unavailable',
+  504: 'Gateway Timeout',
+};
+
+/** `errorBody(429, 'Too Many Requests')` is the exact body of a refusal for a limit (README "Headers and answers"). */
+export function errorBody(status: number, message: string): string {
+  return JSON.stringify({ error: REASONS[status] ?? 'Error', message });
+}
+
+export const JSON_TYPE = 'application/json';
+
+/** A gateway answer written straight to a Node response (forwarding errors, client errors). */
+export function writeAnswer(res: ServerResponse, status: number, message: string, headers: HeaderList = []): void {
+  const body = errorBody(status, message);
+  const list: string[] = ['Content-Type', JSON_TYPE, 'Content-Length', String(Buffer.byteLength(body))];
+  for (const [name, value] of headers) list.push(name, value);
+  res.writeHead(status, list);
+  res.end(body);
+}
+
+/** The same answer as raw HTTP/1.1 bytes, for a socket that is not (or no longer) an HTTP response. */
+export function rawAnswer(status: number, message: string, headers: HeaderList = []): string {
+  const body = errorBody(status, message);
+  let head = `HTTP/1.1 ${status} ${REASONS[status] ?? 'Error'}\r\nContent-Type: ${JSON_TYPE}\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n`;
+  for (const [name, value] of headers) head += `${name}: ${value}\r\n`;
+  return head + '\r\n' + body;
+}

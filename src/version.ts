@@ -1,7 +1,0 @@
-import { createRequire } from 'node:module';
-
-/**
- * The gateway's version, from package.json. `src/` and `dist/` both sit one level below it
- * (the image copies package.json too), so the same relative path works from either.
- */
-export const VERSION: string = (createRequire(import.meta.url)('../package.json') as { version: string }).version;
