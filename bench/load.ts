@@ -98,7 +98,8 @@ export function measure(
         running = undefined;
         if (err) return reject(err);
         const statusCounts: Record<string, number> = {};
-        for (const [status, { count }] of Object.entries(result.statusCodeStats)) statusCounts[status] = count;
+        for (const [status, { count }] of Object.entries(result.statusCodeStats ?? {}))
+          statusCounts[status] = count ?? 0;
         resolve({
           completed: result.requests.total,
           sent: result.requests.sent,

@@ -4,13 +4,12 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { afterEach, describe, expect, it } from 'vitest';
+import { ROOT, runCli } from '../helpers/cli.js';
 import { freePort } from '../helpers/redis.js';
 
-/** The commands of INTERFACE §2, run as a user runs them (from the built `dist/`). */
+/** The commands of README "Running it", run as a user runs them (from the built `dist/`). */
 
 const run = promisify(execFile);
-const ROOT = new URL('../../', import.meta.url).pathname;
-const BIN = join(ROOT, 'node_modules/.bin/oapi-gateway');
 const children: ChildProcess[] = [];
 
 afterEach(() => {
@@ -108,8 +107,13 @@ describe('npm start', () => {
 });
 
 describe('npx oapi-gateway', () => {
+  it("runs the package's own CLI from the repository, as the README says (no install step, no self-dependency)", async () => {
+    const { stdout } = await run('npx', ['--no', 'oapi-gateway', 'help'], { cwd: ROOT });
+    expect(stdout).toContain('oapi-gateway check');
+  });
+
   it('check prints the shipped table and exits 0', async () => {
-    const { stdout } = await run(BIN, ['check', 'limits.yaml'], { cwd: ROOT });
+    const { stdout } = await runCli(['check', 'limits.yaml']);
     expect(stdout).toMatch(/^limits\.yaml: valid, 18 rows, timezone UTC, sha256:[0-9a-f]{64}\n/);
     expect(stdout).toContain('Latest Quote');
     expect(stdout).toContain('+ POST /oapi/auth/gen-secret-key/derivative');
@@ -119,7 +123,7 @@ describe('npx oapi-gateway', () => {
 
   it('check exits 1 with the errors and their lines', async () => {
     const fixture = join(ROOT, 'test/fixtures/limits/invalid/several-errors.yaml');
-    const error = await run(BIN, ['check', fixture], { cwd: ROOT }).catch((e: { code: number; stderr: string }) => e);
+    const error = await runCli(['check', fixture]).catch((e: { code: number; stderr: string }) => e);
     expect((error as { code: number }).code).toBe(1);
     expect((error as { stderr: string }).stderr).toBe(
       `${fixture}:6:14: row 1 (Order List): per_day (200) is below per_hour (1800)\n` +
@@ -130,9 +134,7 @@ describe('npx oapi-gateway', () => {
   });
 
   it('check accepts the shipped example key file', async () => {
-    const { stdout } = await run(BIN, ['check', 'limits.yaml', '--keys', 'config/api-keys.example.yaml'], {
-      cwd: ROOT,
-    });
+    const { stdout } = await runCli(['check', 'limits.yaml', '--keys', 'config/api-keys.example.yaml']);
     expect(stdout).toContain('config/api-keys.example.yaml: 1 key, valid');
   });
 
@@ -140,13 +142,13 @@ describe('npx oapi-gateway', () => {
     const dir = mkdtempSync(join(tmpdir(), 'oapi-check-'));
     const keys = join(dir, 'api-keys.yaml');
     writeFileSync(keys, `keys:\n  - id: acme\n    sha256: ${'a'.repeat(64)}\n    plan: premium\n`);
-    const ok = await run(BIN, ['check', 'limits.yaml', '--keys', keys], { cwd: ROOT });
+    const ok = await runCli(['check', 'limits.yaml', '--keys', keys]);
     expect(ok.stdout).toContain(`${keys}: 1 key, valid`);
     writeFileSync(
       keys,
       `keys:\n  - id: acme\n    sha256: ${'a'.repeat(64)}\n    plan: gold\n  - id: acme\n    sha256: xyz\n`,
     );
-    const error = await run(BIN, ['check', 'limits.yaml', '--keys', keys], { cwd: ROOT }).catch(
+    const error = await runCli(['check', 'limits.yaml', '--keys', keys]).catch(
       (e: { code: number; stderr: string }) => e,
     );
     expect((error as { code: number }).code).toBe(1);
@@ -159,7 +161,7 @@ describe('npx oapi-gateway', () => {
   });
 
   it('keys hash prints the line for the key file', async () => {
-    const { stdout } = await run(BIN, ['keys', 'hash', 'foo'], { cwd: ROOT });
+    const { stdout } = await runCli(['keys', 'hash', 'foo']);
     expect(stdout).toBe('    sha256: 2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae\n');
   });
 });

@@ -1,16 +1,12 @@
-import { execFile } from 'node:child_process';
 import { mkdirSync, renameSync, symlinkSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
 import { join } from 'node:path';
-import { promisify } from 'node:util';
+import { runCli } from '../helpers/cli.js';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { authHeader, startTestGateway, type TestGateway } from '../helpers/gateway.js';
 import { send } from '../helpers/http.js';
 
-/** Live changes of limits.yaml (INTERFACE §7): a good table takes over, a bad one changes nothing. */
-
-const run = promisify(execFile);
-const BIN = new URL('../../node_modules/.bin/oapi-gateway', import.meta.url).pathname;
+/** Live changes of limits.yaml (README "Changing limits while it serves"): a good table takes over, a bad one changes nothing. */
 
 const table = (perHour: number, perDay: number, name = 'Order List'): string => `
 timezone: UTC
@@ -77,7 +73,7 @@ describe('POST /admin/limits/reload', () => {
     const body = reply.json<{ error: string; message: string; errors: string[] }>();
     expect(body.error).toBe('Unprocessable Content');
 
-    const check = await run(BIN, ['check', gw.limitsPath]).catch((e: { stderr: string }) => e);
+    const check = await runCli(['check', gw.limitsPath]).catch((e: { stderr: string }) => e);
     const printed = check.stderr.trimEnd().split('\n').slice(0, -1);
     expect(printed).toHaveLength(2);
     expect(body.errors).toEqual(printed);
