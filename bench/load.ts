@@ -96,7 +96,7 @@ export function measure(
       },
       (err, result) => {
         running = undefined;
-        if (err) return reject(err);
+        if (err) return reject(err instanceof Error ? err : new Error(String(err)));
         const statusCounts: Record<string, number> = {};
         for (const [status, { count }] of Object.entries(result.statusCodeStats ?? {}))
           statusCounts[status] = count ?? 0;

@@ -26,7 +26,8 @@ async function runPrimary(settings: Settings): Promise<void> {
   const primary = await startGateway({ settings, public: false, metricsText: () => aggregator.clusterMetrics() }).catch(
     (err: unknown) => {
       if (err instanceof StartupError) {
-        process.stderr.write(`oapi-gateway: the gateway cannot start:\n${err.message}\n`);
+        const text = err.reason === 'listener' ? err.message : `the gateway cannot start:\n${err.message}`;
+        process.stderr.write(`oapi-gateway: ${text}\n`);
         process.exit(1);
       }
       throw err;
@@ -87,7 +88,8 @@ async function runPrimary(settings: Settings): Promise<void> {
 async function runWorker(settings: Settings): Promise<void> {
   const worker = await startGateway({ settings, admin: false }).catch((err: unknown) => {
     if (err instanceof StartupError) {
-      process.stderr.write(`oapi-gateway: a worker cannot start:\n${err.message}\n`);
+      const text = err.reason === 'listener' ? err.message : `a worker cannot start:\n${err.message}`;
+      process.stderr.write(`oapi-gateway: ${text}\n`);
       process.exit(1);
     }
     throw err;

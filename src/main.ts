@@ -25,7 +25,9 @@ export async function main(): Promise<void> {
     return;
   }
   const gateway = await startGateway({ settings }).catch((err: unknown) => {
-    if (err instanceof StartupError) fail(`the gateway cannot start:\n${err.message}`);
+    // A port that cannot be had is one line naming its setting; a table's errors come under a heading.
+    if (err instanceof StartupError)
+      fail(err.reason === 'listener' ? err.message : `the gateway cannot start:\n${err.message}`);
     throw err;
   });
   process.on('SIGHUP', () => void gateway.reload('signal'));

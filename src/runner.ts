@@ -1,38 +1,32 @@
-import { existsSync } from 'node:fs';
-import http from 'node:http';
-import type { AddressInfo } from 'node:net';
 import { isAbsolute, relative } from 'node:path';
 import type { DestinationStream } from 'pino';
 import { createAdminApp } from './admin/app.js';
-import { getRequestListener } from '@hono/node-server';
 import type { Settings } from './config/settings.js';
 import { TableHolder, type ReloadResult } from './config/table-holder.js';
-import { watchFile, type FileWatch } from './lib/file-watcher.js';
+import type { KeyRegistry } from './keys/registry.js';
 import { formatSourceError } from './lib/yaml-source.js';
-import { InvalidKeyGuard } from './keys/guard.js';
-import { readKeyFile, type KeyFileLoad } from './keys/key-file.js';
-import { KeyRegistry, MemoryIssuedKeyStore } from './keys/registry.js';
-import { RedisIssuedKeyStore } from './redis/issued-keys.js';
 import { Limiter } from './limits/limiter.js';
-import { MemoryCounterStore } from './limits/memory-store.js';
 import type { Clock } from './limits/windows.js';
 import { createLogger, type Logger } from './observability/logger.js';
 import { GatewayMetrics } from './observability/metrics.js';
 import { Forwarder } from './proxy/forwarder.js';
-import { WebSocketProxy } from './ws/bridge-proxy.js';
-import { connectWithin, createRedisClient, createSubscriber, isReady, type RedisClient } from './redis/connection.js';
-import { RedisCounterStore } from './redis/counter-store.js';
-import { LocalEventBus, type EventBus } from './events/bus.js';
-import { RedisEventBus } from './redis/events.js';
-import { createPublicServer } from './server/http-server.js';
 import { createPublicApp } from './server/public-app.js';
+import { openBackend, type Backend } from './wiring/backend.js';
+import { Closers } from './wiring/closers.js';
+import { assembleKeys, type KeyAssembly } from './wiring/keys.js';
+import { startAdminServer, startPublicServer, type Listening } from './wiring/servers.js';
+import { StartupError } from './wiring/startup-error.js';
+import { WebSocketProxy } from './ws/bridge-proxy.js';
 import { WebSocketConnections } from './ws/connections.js';
-import { upgradeListener } from './server/upgrade.js';
 
 /**
- * Wires one gateway instance: settings → counter store → limit table → keys → limiter →
- * public and admin listeners; and takes it down again in order.
+ * Wires one gateway instance in a few steps — the backend (memory or Redis), the limit table, the
+ * keys, the limiter, the two listeners — each registering what it opened with the closers. stop()
+ * runs them in reverse order of construction; a step that fails at start-up does the same for what
+ * was opened before it, so a failed start leaves nothing open.
  */
+
+export { StartupError };
 
 export interface GatewayOptions {
   readonly settings: Settings;
@@ -56,76 +50,115 @@ export interface Gateway {
   readonly tables: TableHolder;
   readonly registry: KeyRegistry;
   readonly limiter: Limiter;
-  readonly redis: RedisClient | undefined;
+  /** The Redis client of the counters (absent without Redis). */
+  readonly redis: Backend['client'];
   /** Reloads the limit table and the key file (SIGHUP, the admin endpoint). */
   reload(trigger?: 'signal' | 'admin'): Promise<ReloadResult>;
   /** Stops accepting, lets requests in flight finish (bounded), closes WebSockets with 1001, then Redis. */
   stop(): Promise<void>;
 }
 
-export class StartupError extends Error {
-  override name = 'StartupError';
+/** What the steps share. */
+interface Parts {
+  readonly settings: Settings;
+  readonly options: GatewayOptions;
+  readonly logger: Logger;
+  readonly metrics: GatewayMetrics;
+  readonly closers: Closers;
+  readonly displayName: (path: string) => string;
 }
-
-const ISSUED_KEYS_POLL_MS = 500;
 
 export async function startGateway(options: GatewayOptions): Promise<Gateway> {
   const { settings } = options;
   const logger = options.logger ?? createLogger(settings.logLevel, options.logDestination);
-  const metrics = new GatewayMetrics();
-  // As an operator would write it: relative to the working directory when inside it.
-  const displayName = (path: string): string => {
-    const rel = relative(process.cwd(), path);
-    return rel === '' || rel.startsWith('..') || isAbsolute(rel) ? path : rel;
-  };
-
-  // Counter store
-  let redis: RedisClient | undefined;
-  let subscriber: RedisClient | undefined;
-  let events: EventBus;
-  const redisTarget = {
-    url: settings.redisUrl,
-    clusterNodes: settings.redisClusterNodes,
-    commandTimeoutMs: settings.redisTimeoutMs,
-  };
-  if (settings.redisUrl || settings.redisClusterNodes) {
-    redis = createRedisClient(redisTarget);
-    redis.on('error', (err: Error) => logger.debug({ err: err.message }, 'redis error'));
-    let wasReady = false;
-    redis.on('ready', () => {
-      if (wasReady) logger.warn('redis is back; counting in redis again');
-      wasReady = true;
-    });
-    redis.on('close', () => {
-      if (wasReady) logger.warn({ mode: settings.redisFailureMode }, 'redis connection lost');
-    });
-    if (!(await connectWithin(redis, Math.max(2000, settings.redisTimeoutMs * 10)))) {
-      logger.warn(
-        { mode: settings.redisFailureMode },
-        'redis is not reachable at start-up; serving in failure mode until it is',
-      );
-    }
-    subscriber = createSubscriber(redisTarget);
-    subscriber.on('error', () => {});
-    void subscriber.connect().catch(() => {});
-    events = new RedisEventBus(redis, subscriber, `${settings.redisKeyPrefix}events`);
-  } else {
-    logger.warn('REDIS_URL is not set: counters live in this process, which suits one instance only');
-    events = new LocalEventBus();
+  const closers = new Closers();
+  closers.add('log', () => logger.flush());
+  const parts: Parts = { settings, options, logger, metrics: new GatewayMetrics(), closers, displayName };
+  try {
+    return await start(parts);
+  } catch (err) {
+    await closers.closeAll((name, e) => logger.warn({ step: name, err: (e as Error).message }, 'could not close'));
+    throw err;
   }
-  const store = redis
-    ? new RedisCounterStore(redis, settings.redisKeyPrefix)
-    : new MemoryCounterStore(options.clock ? { now: () => options.clock!.now() } : {});
+}
+
+async function start(parts: Parts): Promise<Gateway> {
+  const { settings, options, logger, metrics, closers } = parts;
+  const backend = await openBackend(settings, { logger, clock: options.clock }, closers);
   const limiter = new Limiter({
-    store,
-    insurance: redis ? new MemoryCounterStore(options.clock ? { now: () => options.clock!.now() } : {}) : undefined,
-    failureMode: redis ? settings.redisFailureMode : 'closed',
+    store: backend.store,
+    insurance: backend.insurance,
+    failureMode: backend.failureMode,
     ...(options.clock ? { clock: options.clock } : {}),
     observer: metrics,
   });
-  redis?.on('ready', () => limiter.storeAvailable());
+  backend.onConnected(() => limiter.storeAvailable());
+  const tables = await loadTables(parts);
+  const keys = await assembleKeys(settings, backend, tables, logger, closers, {
+    displayName,
+    watchPollMs: options.watchPollMs,
+  });
+  followEvents(backend, limiter, tables, keys, logger);
+  const reload = async (trigger: 'signal' | 'admin' = 'admin'): Promise<ReloadResult> => {
+    const result = await tables.reload(trigger);
+    if (result.ok) await keys.reloadKeyFile();
+    return result;
+  };
+  let shuttingDown = false;
+  const admin =
+    options.admin === false
+      ? undefined
+      : await startAdminServer(
+          createAdminApp({
+            adminToken: settings.adminToken,
+            tables,
+            limiter,
+            registry: keys.registry,
+            events: backend.events,
+            metrics,
+            logger,
+            storeProblem: async () => (await backend.problem()) ?? limiter.storeTrouble(),
+            shuttingDown: () => shuttingDown,
+            reload: () => reload('admin'),
+            ...(options.metricsText ? { metricsText: options.metricsText } : {}),
+            apiKeyHeader: settings.apiKeyHeader,
+            credentialRoutes: settings.credentialRoutes,
+          }),
+          settings,
+          closers,
+        );
+  const publicListener =
+    options.public === false ? undefined : await startPublic(parts, tables, limiter, keys, () => !shuttingDown);
+  logger.info(
+    { public: publicListener?.bound, admin: admin?.bound, counters: backend.kind, keys: settings.apiKeyMode },
+    'gateway listening',
+  );
+  let stopping: Promise<void> | undefined;
+  const stop = (): Promise<void> =>
+    (stopping ??= (async () => {
+      // /readyz turns 503 and upgrades are refused before anything closes.
+      shuttingDown = true;
+      await closers.closeAll((name, e) => logger.warn({ step: name, err: (e as Error).message }, 'could not close'));
+      logger.info('gateway stopped');
+      logger.flush();
+    })());
+  return {
+    publicUrl: publicListener?.url,
+    adminUrl: admin?.url,
+    logger,
+    metrics,
+    tables,
+    registry: keys.registry,
+    limiter,
+    redis: backend.client,
+    reload,
+    stop,
+  };
+}
 
-  // Limit table
+/** The limit table: an invalid one stops start-up with every error and its line. */
+async function loadTables(parts: Parts): Promise<TableHolder> {
+  const { settings, logger, metrics, closers, options } = parts;
   const tables = new TableHolder({
     path: settings.limitsFile,
     displayName: displayName(settings.limitsFile),
@@ -133,59 +166,22 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
     metrics,
   });
   const first = await tables.reload('start');
-  if (!first.ok) {
-    await redis?.quit().catch(() => {});
-    subscriber?.disconnect();
-    throw new StartupError(first.errors.map(formatSourceError).join('\n'));
-  }
+  if (!first.ok) throw new StartupError(first.errors.map(formatSourceError).join('\n'));
+  tables.watch(options.watchPollMs);
+  closers.add('limit table watch', () => tables.close());
+  return tables;
+}
 
-  // API keys
-  const registry = new KeyRegistry(
-    redis ? new RedisIssuedKeyStore(redis, settings.redisKeyPrefix) : new MemoryIssuedKeyStore(),
-    (err) => logger.debug({ err: (err as Error).message }, 'issued keys could not be checked'),
-  );
-  // The key file is optional: while there is none, only keys issued through the admin API pass.
-  // It is watched all the same, so a file written later (or removed) takes effect.
-  const keyFileName = displayName(settings.apiKeysFile);
-  const readKeys = async (): Promise<KeyFileLoad> =>
-    existsSync(settings.apiKeysFile)
-      ? readKeyFile(settings.apiKeysFile, keyFileName, new Set(tables.current()?.plans.keys() ?? []))
-      : { ok: true, keys: [] };
-  const reloadKeyFile = async (): Promise<void> => {
-    const result = await readKeys();
-    if (!result.ok) {
-      logger.error({ errors: result.errors.map(formatSourceError) }, 'key file refused; the keys in force stay');
-      return;
-    }
-    registry.setFileKeys(result.keys);
-    logger.info(
-      { file: keyFileName, keys: result.keys.length },
-      existsSync(settings.apiKeysFile) ? 'key file loaded' : 'no key file; only keys issued through the admin API pass',
-    );
-  };
-  const keyFile = await readKeys();
-  if (!keyFile.ok) throw new StartupError(keyFile.errors.map(formatSourceError).join('\n'));
-  registry.setFileKeys(keyFile.keys);
-  if (settings.apiKeyMode === 'registered') {
-    logger.info(
-      { file: keyFileName, keys: keyFile.keys.length },
-      existsSync(settings.apiKeysFile) ? 'key file loaded' : 'no key file; only keys issued through the admin API pass',
-    );
-  }
-  await registry
-    .refresh()
-    .catch((err: Error) => logger.warn({ err: err.message }, 'issued keys could not be loaded yet'));
-  registry.startPolling(ISSUED_KEYS_POLL_MS);
-
-  const guard = new InvalidKeyGuard({
-    client: redis,
-    prefix: settings.redisKeyPrefix,
-    attempts: settings.invalidKeyAttempts,
-    windowSeconds: settings.invalidKeyWindowSeconds,
-    // Every instance refuses the address from now on, not only those that see it guess.
-    onBlock: (address, ms) => void events.publish({ type: 'address-blocked', address, ms }).catch(() => {}),
-  });
-  events.subscribe((event) => {
+/** What every instance must learn at once from the others, and what follows a new table. */
+function followEvents(
+  backend: Backend,
+  limiter: Limiter,
+  tables: TableHolder,
+  keys: KeyAssembly,
+  logger: Logger,
+): void {
+  const { registry, guard } = keys;
+  backend.events.subscribe((event) => {
     if (event.type === 'usage-reset') void limiter.forgetKey(event.keyHash, tables.current()?.rows ?? []);
     else if (event.type === 'keys-changed') void registry.refresh().catch(() => {});
     else if (event.type === 'address-blocked') guard.block(event.address, event.ms);
@@ -204,13 +200,16 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
         'keys name plans the table no longer has; they get the table as written',
       );
   });
+}
 
-  const reload = async (trigger: 'signal' | 'admin' = 'admin'): Promise<ReloadResult> => {
-    const result = await tables.reload(trigger);
-    if (result.ok) await reloadKeyFile();
-    return result;
-  };
-
+async function startPublic(
+  parts: Parts,
+  tables: TableHolder,
+  limiter: Limiter,
+  keys: KeyAssembly,
+  accepting: () => boolean,
+): Promise<Listening> {
+  const { settings, logger, metrics, closers } = parts;
   const bridgeOptions = {
     bridges: settings.bridges,
     timeoutMs: settings.upstreamTimeoutMs,
@@ -218,137 +217,24 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
       logger.warn({ ...context, code: (err as NodeJS.ErrnoException).code, err: err.message }, 'bridge error'),
   };
   const forwarder = new Forwarder(bridgeOptions);
-  const webSocketProxy = new WebSocketProxy(bridgeOptions);
   const websockets = new WebSocketConnections(metrics);
   const app = createPublicApp({
     settings,
     table: () => tables.current(),
     limiter,
-    registry,
-    guard,
+    registry: keys.registry,
+    guard: keys.guard,
     forwarder,
-    webSocketProxy,
+    webSocketProxy: new WebSocketProxy(bridgeOptions),
     websockets,
     metrics,
     logger,
   });
-
-  let shuttingDown = false;
-  const publicServer = createPublicServer(
-    app,
-    settings,
-    logger,
-    upgradeListener(app, () => !shuttingDown),
-  );
-  if (options.public !== false) await listen(publicServer.server, settings.port, settings.host);
-
-  let adminServer: http.Server | undefined;
-  if (options.admin !== false) {
-    const adminApp = createAdminApp({
-      adminToken: settings.adminToken,
-      tables,
-      limiter,
-      registry,
-      events,
-      metrics,
-      logger,
-      storeProblem: async () => {
-        if (!redis) return undefined;
-        if (!isReady(redis)) return `counter store unreachable (${redis.status})`;
-        try {
-          await redis.ping();
-          return limiter.storeTrouble();
-        } catch (err) {
-          return `counter store does not answer: ${(err as Error).message}`;
-        }
-      },
-      shuttingDown: () => shuttingDown,
-      reload: () => reload('admin'),
-      ...(options.metricsText ? { metricsText: options.metricsText } : {}),
-      apiKeyHeader: settings.apiKeyHeader,
-      credentialRoutes: settings.credentialRoutes,
-    });
-    adminServer = http.createServer(getRequestListener(adminApp.fetch));
-    await listen(adminServer, settings.adminPort, settings.adminHost);
-  }
-
-  // Reloads on change of the files on disk.
-  tables.watch(options.watchPollMs);
-  const keyFileWatch: FileWatch = watchFile(
-    settings.apiKeysFile,
-    () => void reloadKeyFile(),
-    options.watchPollMs ? { pollMs: options.watchPollMs } : {},
-  );
-
-  const publicUrl = publicServer.server.listening ? urlOf(publicServer.server) : undefined;
-  const adminUrl = adminServer ? urlOf(adminServer) : undefined;
-  logger.info(
-    {
-      public: publicServer.server.listening ? boundAddress(publicServer.server) : undefined,
-      admin: adminServer ? boundAddress(adminServer) : undefined,
-      counters: redis ? (settings.redisClusterNodes ? 'redis-cluster' : 'redis') : 'memory',
-      keys: settings.apiKeyMode,
-    },
-    'gateway listening',
-  );
-
-  let stopping: Promise<void> | undefined;
-  const stop = (): Promise<void> =>
-    (stopping ??= (async () => {
-      shuttingDown = true;
-      tables.close();
-      keyFileWatch.close();
-      registry.stop();
-      const server = publicServer.server;
-      if (server.listening) server.close();
-      const deadline = Date.now() + settings.shutdownTimeoutMs;
-      // Connections kept alive become idle as their last answer completes: close them as they do.
-      while (publicServer.inFlight() > 0 && Date.now() < deadline) {
-        server.closeIdleConnections();
-        await sleep(25);
-      }
-      server.closeIdleConnections();
-      await websockets.closeAll(Math.max(0, Math.min(2000, deadline - Date.now())));
-      server.closeAllConnections();
-      forwarder.close();
-      await new Promise<void>((resolve) => (adminServer ? adminServer.close(() => resolve()) : resolve()));
-      adminServer?.closeAllConnections();
-      await events.close();
-      if (store instanceof RedisCounterStore) {
-        await store.reconcile();
-        store.close();
-      }
-      if (redis) await redis.quit().catch(() => redis?.disconnect());
-      logger.info('gateway stopped');
-      logger.flush();
-    })());
-
-  return { publicUrl, adminUrl, logger, metrics, tables, registry, limiter, redis, reload, stop };
+  return startPublicServer({ app, forwarder, websockets, accepting }, settings, logger, closers);
 }
 
-function listen(server: http.Server, port: number, host: string): Promise<void> {
-  return new Promise((resolve, reject) => {
-    server.once('error', reject);
-    server.listen(port, host, () => {
-      server.off('error', reject);
-      resolve();
-    });
-  });
-}
-
-/** host:port as bound (0.0.0.0 stays 0.0.0.0). */
-function boundAddress(server: http.Server): string {
-  const address = server.address() as AddressInfo;
-  return address.family === 'IPv6' ? `[${address.address}]:${address.port}` : `${address.address}:${address.port}`;
-}
-
-/** A URL to reach the server at from this host (a wildcard address becomes loopback). */
-function urlOf(server: http.Server): string {
-  const address = server.address() as AddressInfo;
-  const host = address.family === 'IPv6' ? `[${address.address}]` : address.address;
-  return `http://${host === '0.0.0.0' ? '127.0.0.1' : host === '[::]' ? '[::1]' : host}:${address.port}`;
-}
-
-function sleep(ms: number): Promise<void> {
-  return new Promise((resolve) => setTimeout(resolve, ms));
+/** A path as an operator would write it: relative to the working directory when inside it. */
+function displayName(path: string): string {
+  const rel = relative(process.cwd(), path);
+  return rel === '' || rel.startsWith('..') || isAbsolute(rel) ? path : rel;
 }

@@ -35,12 +35,6 @@ try {
     process.stderr.write(`oapi-gateway sandbox: ${err.message}\n`);
     process.exit(1);
   }
-  if ((err as NodeJS.ErrnoException).code === 'EADDRINUSE') {
-    process.stderr.write(
-      `oapi-gateway sandbox: port ${(err as NodeJS.ErrnoException & { port?: number }).port ?? ''} is taken; set PORT and ADMIN_PORT to free ones\n`,
-    );
-    process.exit(1);
-  }
   throw err;
 }
 

@@ -1,6 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ADMIN_TOKEN, authHeader, startTestGateway, type TestGateway } from '../helpers/gateway.js';
 import { expectTwoFields, send } from '../helpers/http.js';
+import { startRedisServer } from '../helpers/redis.js';
 
 /** The admin listener of INTERFACE §7, over real sockets. */
 
@@ -249,5 +250,29 @@ describe('metrics', () => {
     expect(text).not.toContain(key);
     expect(text).not.toContain('/not/a/route');
     expect(text).not.toMatch(/endpoint="\/orders\//);
+  });
+});
+
+describe('a store that does not answer', () => {
+  it('gets the admin API a two-field 503 naming the store, from the one error mapping of the app', async () => {
+    const own = await startRedisServer();
+    const down = await startTestGateway({ limits: LIMITS, redis: own.url, env: { REDIS_TIMEOUT_MS: '100' } });
+    try {
+      await own.kill();
+      const usage = await send(down.adminUrl, { path: '/admin/usage/some-key', headers: authHeader() });
+      expect(usage.status).toBe(503);
+      expect(expectTwoFields(usage)).toEqual({ error: 'Service Unavailable', message: 'Counter store unavailable' });
+      const issue = await send(down.adminUrl, {
+        method: 'POST',
+        path: '/admin/keys',
+        headers: { ...authHeader(), 'Content-Type': 'application/json' },
+        body: '{"id":"while-down"}',
+      });
+      expect(issue.status).toBe(503);
+      expect(expectTwoFields(issue)).toEqual({ error: 'Service Unavailable', message: 'Key store unavailable' });
+    } finally {
+      await down.stop();
+      await own.stop();
+    }
   });
 });

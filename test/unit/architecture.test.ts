@@ -5,8 +5,8 @@ import { describe, expect, it } from 'vitest';
 
 /**
  * The folders of src/ in the order a request's code may depend on them (ARCHITECTURE.md): each may
- * import only folders before it, so no two folders ever import each other. The root files (the
- * runner and the entry points) wire everything; the sandbox starts the runner.
+ * import only folders before it, so no two folders ever import each other. wiring/ and the root
+ * files (the runner and the entry points) put an instance together; the sandbox starts the runner.
  */
 const LAYERS = [
   'lib',
@@ -21,6 +21,7 @@ const LAYERS = [
   'ws',
   'server',
   'admin',
+  'wiring',
   '(root)',
   'sandbox',
 ];

@@ -1,0 +1,50 @@
+import { Hono } from 'hono';
+import { KEY_ID } from '../keys/key-file.js';
+import { shortKeyHash } from '../observability/logger.js';
+import type { AdminDeps } from './app.js';
+import { refusal } from './common.js';
+
+/** Issued API keys (README "API keys and plans"): issue, list, revoke. */
+export function keysApp(deps: AdminDeps): Hono {
+  const { registry, tables, logger } = deps;
+  const app = new Hono();
+
+  app.post('/', async (c) => {
+    const body: unknown = await c.req.json().catch(() => undefined);
+    if (typeof body !== 'object' || body === null) return refusal(c, 400, 'Body must be JSON: {"id":"…","plan":"…"}');
+    const { id, plan } = body as { id?: unknown; plan?: unknown };
+    if (typeof id !== 'string' || !KEY_ID.test(id))
+      return refusal(c, 400, 'id must be letters, digits, ".", "_" and "-" (at most 64)');
+    const plans = tables.current()?.plans;
+    if (plan !== undefined && plan !== null && (typeof plan !== 'string' || !plans?.has(plan))) {
+      return refusal(c, 400, `Unknown plan; plans of the table: ${[...(plans?.keys() ?? [])].join(', ') || 'none'}`);
+    }
+    const result = await registry.create(id, typeof plan === 'string' ? plan : undefined);
+    if (!result.created) return refusal(c, 409, `A key with id "${id}" exists`);
+    await deps.events.publish({ type: 'keys-changed' });
+    logger.info({ keyId: id, plan: result.record.plan, key: shortKeyHash(result.record.sha256) }, 'api key issued');
+    return c.json({ id, key: result.key, plan: result.record.plan ?? null }, 201);
+  });
+
+  app.get('/', (c) =>
+    c.json({
+      keys: registry.list().map((k) => ({
+        id: k.id,
+        plan: k.plan ?? null,
+        source: k.source === 'file' ? 'key-file' : 'admin-api',
+        ...(k.createdAt ? { createdAt: k.createdAt } : {}),
+      })),
+    }),
+  );
+
+  app.delete('/:id', async (c) => {
+    const id = c.req.param('id');
+    const result = await registry.revoke(id);
+    if (result === 'in-key-file') return refusal(c, 409, `Key "${id}" comes from the key file: remove it there`);
+    if (result === 'not-found') return refusal(c, 404, `No key with id "${id}"`);
+    await deps.events.publish({ type: 'keys-changed' });
+    logger.info({ keyId: id }, 'api key revoked');
+    return c.body(null, 204);
+  });
+  return app;
+}

@@ -1,0 +1,130 @@
+import type { Cluster, Redis } from 'ioredis';
+import type { Settings } from '../config/settings.js';
+import { LocalEventBus, type EventBus } from '../events/bus.js';
+import { MemoryIssuedKeyStore, type IssuedKeyStore } from '../keys/registry.js';
+import type { FailureMode } from '../limits/limiter.js';
+import { MemoryCounterStore } from '../limits/memory-store.js';
+import type { CounterStore } from '../limits/store.js';
+import type { Clock } from '../limits/windows.js';
+import type { Logger } from '../observability/logger.js';
+import { connectWithin, createRedisClient, createSubscriber, isReady, type RedisClient } from '../redis/connection.js';
+import { RedisCounterStore } from '../redis/counter-store.js';
+import { RedisEventBus } from '../redis/events.js';
+import { RedisIssuedKeyStore } from '../redis/issued-keys.js';
+import type { Closers } from './closers.js';
+
+/**
+ * Where an instance keeps what it shares with the others (README "How counting works", "When
+ * parts fail"): the counters, the issued keys and the event channel — in Redis (or a Redis
+ * Cluster), or in this process when no Redis is configured.
+ */
+export interface Backend {
+  readonly kind: 'memory' | 'redis' | 'redis-cluster';
+  readonly store: CounterStore;
+  /** Per-instance counters used while Redis is away (insurance mode). */
+  readonly insurance: CounterStore | undefined;
+  readonly failureMode: FailureMode;
+  readonly issuedKeys: IssuedKeyStore;
+  readonly events: EventBus;
+  /** The client the invalid-key guard counts in (rate-limiter-flexible takes ioredis as it is). */
+  readonly client: (Redis | Cluster) | undefined;
+  /** Undefined while the counter store answers; otherwise why it does not (for /readyz). */
+  problem(): Promise<string | undefined>;
+  /** Calls `listener` whenever the connection to Redis is (back) up. */
+  onConnected(listener: () => void): void;
+}
+
+export interface BackendOptions {
+  readonly logger: Logger;
+  readonly clock?: Clock | undefined;
+}
+
+export async function openBackend(settings: Settings, options: BackendOptions, closers: Closers): Promise<Backend> {
+  if (!settings.redisUrl && !settings.redisClusterNodes) return memoryBackend(options);
+  return redisBackend(settings, options, closers);
+}
+
+function memoryBackend(options: BackendOptions): Backend {
+  options.logger.warn('REDIS_URL is not set: counters live in this process, which suits one instance only');
+  const clock = options.clock;
+  return {
+    kind: 'memory',
+    store: new MemoryCounterStore(clock ? { now: () => clock.now() } : {}),
+    insurance: undefined,
+    // Without Redis there is no outage to survive: the store is this process.
+    failureMode: 'closed',
+    issuedKeys: new MemoryIssuedKeyStore(),
+    events: new LocalEventBus(),
+    client: undefined,
+    problem: () => Promise.resolve(undefined),
+    onConnected: () => {},
+  };
+}
+
+async function redisBackend(settings: Settings, options: BackendOptions, closers: Closers): Promise<Backend> {
+  const { logger, clock } = options;
+  const target = {
+    url: settings.redisUrl,
+    clusterNodes: settings.redisClusterNodes,
+    commandTimeoutMs: settings.redisTimeoutMs,
+  };
+  const redis = createRedisClient(target);
+  closers.add('redis', () =>
+    redis.quit().then(
+      () => undefined,
+      () => redis.disconnect(),
+    ),
+  );
+  watchConnection(redis, settings.redisFailureMode, logger);
+  if (!(await connectWithin(redis, Math.max(2000, settings.redisTimeoutMs * 10)))) {
+    logger.warn(
+      { mode: settings.redisFailureMode },
+      'redis is not reachable at start-up; serving in failure mode until it is',
+    );
+  }
+  const subscriber = createSubscriber(target);
+  closers.add('redis subscriber', () => subscriber.disconnect());
+  subscriber.on('error', () => {});
+  void subscriber.connect().catch(() => {});
+  const events = new RedisEventBus(redis, subscriber, `${settings.redisKeyPrefix}events`);
+  closers.add('event bus', () => events.close());
+  const store = new RedisCounterStore(redis, settings.redisKeyPrefix);
+  // Calls in doubt are settled while the connection is still there.
+  closers.add('counter store', async () => {
+    await store.reconcile();
+    store.close();
+  });
+  return {
+    kind: settings.redisClusterNodes ? 'redis-cluster' : 'redis',
+    store,
+    insurance: new MemoryCounterStore(clock ? { now: () => clock.now() } : {}),
+    failureMode: settings.redisFailureMode,
+    issuedKeys: new RedisIssuedKeyStore(redis, settings.redisKeyPrefix),
+    events,
+    client: redis,
+    problem: () => redisProblem(redis),
+    onConnected: (listener) => void redis.on('ready', listener),
+  };
+}
+
+function watchConnection(redis: RedisClient, mode: FailureMode, logger: Logger): void {
+  redis.on('error', (err: Error) => logger.debug({ err: err.message }, 'redis error'));
+  let wasReady = false;
+  redis.on('ready', () => {
+    if (wasReady) logger.warn('redis is back; counting in redis again');
+    wasReady = true;
+  });
+  redis.on('close', () => {
+    if (wasReady) logger.warn({ mode }, 'redis connection lost');
+  });
+}
+
+async function redisProblem(redis: RedisClient): Promise<string | undefined> {
+  if (!isReady(redis)) return `counter store unreachable (${redis.status})`;
+  try {
+    await redis.ping();
+    return undefined;
+  } catch (err) {
+    return `counter store does not answer: ${(err as Error).message}`;
+  }
+}

@@ -1,0 +1,103 @@
+import { existsSync } from 'node:fs';
+import type { Settings } from '../config/settings.js';
+import type { TableHolder } from '../config/table-holder.js';
+import { InvalidKeyGuard } from '../keys/guard.js';
+import { readKeyFile, type KeyFileLoad } from '../keys/key-file.js';
+import { KeyRegistry } from '../keys/registry.js';
+import { watchFile } from '../lib/file-watcher.js';
+import { formatSourceError } from '../lib/yaml-source.js';
+import type { Logger } from '../observability/logger.js';
+import type { Backend } from './backend.js';
+import type { Closers } from './closers.js';
+import { StartupError } from './startup-error.js';
+
+/**
+ * The API keys of one instance (README "API keys and plans"): the key file (optional, watched even
+ * before it exists), the keys issued through the admin API (in the backend, polled as a backstop for
+ * a lost announcement), and the invalid-key guard.
+ */
+export interface KeyAssembly {
+  readonly registry: KeyRegistry;
+  readonly guard: InvalidKeyGuard;
+  /** Reads the key file again (after a reload of the table, whose plans it names). */
+  reloadKeyFile(): Promise<void>;
+}
+
+const ISSUED_KEYS_POLL_MS = 500;
+
+export async function assembleKeys(
+  settings: Settings,
+  backend: Backend,
+  tables: TableHolder,
+  logger: Logger,
+  closers: Closers,
+  options: { displayName: (path: string) => string; watchPollMs?: number | undefined },
+): Promise<KeyAssembly> {
+  const registry = new KeyRegistry(backend.issuedKeys, (err) =>
+    logger.debug({ err: (err as Error).message }, 'issued keys could not be checked'),
+  );
+  const fileName = options.displayName(settings.apiKeysFile);
+  const read = async (): Promise<KeyFileLoad> =>
+    existsSync(settings.apiKeysFile)
+      ? readKeyFile(settings.apiKeysFile, fileName, new Set(tables.current()?.plans.keys() ?? []))
+      : { ok: true, keys: [] };
+  // What was loaded last: a write that changes nothing (the watcher may see one write twice) says nothing.
+  let loadedKeys: string | undefined;
+  let refused = false;
+  const apply = (result: Extract<KeyFileLoad, { ok: true }>, announce: boolean): void => {
+    registry.setFileKeys(result.keys);
+    const signature = result.keys.map((k) => `${k.id}:${k.sha256}:${k.plan ?? ''}`).join(',');
+    const wasRefused = refused;
+    refused = false;
+    if (signature === loadedKeys) {
+      // After a refusal the last line said "refused": say that the file is good again.
+      if (wasRefused)
+        logger.info(
+          { file: fileName, keys: result.keys.length },
+          'key file valid again; the keys in force are unchanged',
+        );
+      return;
+    }
+    loadedKeys = signature;
+    if (!announce) return;
+    const present = existsSync(settings.apiKeysFile);
+    logger.info(
+      { file: fileName, keys: result.keys.length },
+      present ? 'key file loaded' : 'no key file; only keys issued through the admin API pass',
+    );
+  };
+
+  const first = await read();
+  if (!first.ok) throw new StartupError(first.errors.map(formatSourceError).join('\n'));
+  apply(first, settings.apiKeyMode === 'registered');
+
+  const reloadKeyFile = async (): Promise<void> => {
+    const result = await read();
+    if (!result.ok) {
+      refused = true;
+      logger.error({ errors: result.errors.map(formatSourceError) }, 'key file refused; the keys in force stay');
+      return;
+    }
+    apply(result, true);
+  };
+
+  await registry
+    .refresh()
+    .catch((err: Error) => logger.warn({ err: err.message }, 'issued keys could not be loaded yet'));
+  registry.startPolling(ISSUED_KEYS_POLL_MS);
+  closers.add('issued-key polling', () => registry.stop());
+  const watch = watchFile(settings.apiKeysFile, () => void reloadKeyFile(), {
+    ...(options.watchPollMs ? { pollMs: options.watchPollMs } : {}),
+  });
+  closers.add('key file watch', () => watch.close());
+
+  const guard = new InvalidKeyGuard({
+    client: backend.client,
+    prefix: settings.redisKeyPrefix,
+    attempts: settings.invalidKeyAttempts,
+    windowSeconds: settings.invalidKeyWindowSeconds,
+    // Every instance refuses the address from now on, not only those that see it guess.
+    onBlock: (address, ms) => void backend.events.publish({ type: 'address-blocked', address, ms }).catch(() => {}),
+  });
+  return { registry, guard, reloadKeyFile };
+}

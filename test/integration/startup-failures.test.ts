@@ -1,0 +1,132 @@
+import net from 'node:net';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { writeFileSync, mkdtempSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { loadSettings } from '../../src/config/settings.js';
+import { startGateway, StartupError } from '../../src/runner.js';
+import { SHIPPED_LIMITS } from '../helpers/gateway.js';
+import { freePort, redisClient, startRedisServer, type RedisProcess } from '../helpers/redis.js';
+
+/**
+ * A start-up step that fails closes everything the steps before it opened (README "Running it"):
+ * the Redis connections, the admin listener, the watchers. Each case runs against a Redis of its
+ * own, whose client list shows what the gateway left open.
+ */
+
+let redis: RedisProcess;
+let dir: string;
+beforeAll(async () => {
+  redis = await startRedisServer();
+  dir = mkdtempSync(join(tmpdir(), 'oapi-startup-'));
+});
+afterAll(async () => {
+  await redis?.stop();
+});
+
+/** Connections to the test's Redis other than the one asking. */
+async function gatewayConnections(): Promise<number> {
+  const inspector = redisClient(redis.url);
+  try {
+    const list = (await inspector.call('CLIENT', 'LIST')) as string;
+    return list.split('\n').filter((line) => line.includes('name=oapi-gateway')).length;
+  } finally {
+    inspector.disconnect();
+  }
+}
+
+function refused(port: number): Promise<boolean> {
+  return new Promise((resolve) => {
+    const socket = net.connect(port, '127.0.0.1');
+    socket.once('connect', () => {
+      socket.destroy();
+      resolve(false);
+    });
+    socket.once('error', () => resolve(true));
+  });
+}
+
+async function start(env: Record<string, string>): Promise<unknown> {
+  const limits = join(dir, `limits-${Math.random().toString(36).slice(2)}.yaml`);
+  writeFileSync(limits, env.LIMITS ?? SHIPPED_LIMITS);
+  const settings = loadSettings({
+    cwd: dir,
+    env: {
+      EQT_BRIDGE_URL: 'http://127.0.0.1:9',
+      FNO_BRIDGE_URL: 'http://127.0.0.1:9',
+      REDIS_URL: redis.url,
+      HOST: '127.0.0.1',
+      ADMIN_HOST: '127.0.0.1',
+      PORT: '0',
+      ADMIN_PORT: '0',
+      LOG_LEVEL: 'silent',
+      LIMITS_FILE: limits,
+      ...env,
+    },
+  });
+  try {
+    const gateway = await startGateway({ settings, watchPollMs: 100 });
+    await gateway.stop();
+    return 'started';
+  } catch (err) {
+    return err;
+  }
+}
+
+async function expectNothingOpen(): Promise<void> {
+  // A disconnect reaches Redis a moment later.
+  for (let i = 0; i < 40 && (await gatewayConnections()) > 0; i++) await new Promise((r) => setTimeout(r, 25));
+  expect(await gatewayConnections()).toBe(0);
+}
+
+describe('a start-up step that fails', () => {
+  it('(an invalid limit table) closes the Redis connections opened before it', async () => {
+    const err = await start({ LIMITS: 'limits: []\n' });
+    expect(err).toBeInstanceOf(StartupError);
+    await expectNothingOpen();
+  });
+
+  it('(an invalid key file) closes the Redis connections and the table watch', async () => {
+    const keys = join(dir, 'bad-keys.yaml');
+    writeFileSync(keys, 'keys:\n  - id: x\n    sha256: nope\n');
+    const err = await start({ API_KEYS_FILE: keys });
+    expect(err).toBeInstanceOf(StartupError);
+    expect((err as Error).message).toMatch(/sha256 must be 64 hex digits/);
+    await expectNothingOpen();
+  });
+
+  it('(the public port in use) says so in one line naming PORT, and closes the admin listener it had opened', async () => {
+    const [port, adminPort] = [await freePort(), await freePort()];
+    const blocker = net.createServer();
+    await new Promise<void>((resolve) => blocker.listen(port, '127.0.0.1', resolve));
+    try {
+      const err = await start({ PORT: String(port), ADMIN_PORT: String(adminPort) });
+      expect(err).toBeInstanceOf(StartupError);
+      expect((err as Error).message).toBe(`PORT=${port}: the port is already in use (127.0.0.1:${port})`);
+      expect(await refused(adminPort)).toBe(true);
+      await expectNothingOpen();
+    } finally {
+      blocker.close();
+    }
+  });
+
+  it('(the admin port in use) says so in one line naming ADMIN_PORT', async () => {
+    const adminPort = await freePort();
+    const blocker = net.createServer();
+    await new Promise<void>((resolve) => blocker.listen(adminPort, '127.0.0.1', resolve));
+    try {
+      const err = await start({ ADMIN_PORT: String(adminPort) });
+      expect((err as Error).message).toBe(
+        `ADMIN_PORT=${adminPort}: the port is already in use (127.0.0.1:${adminPort})`,
+      );
+      await expectNothingOpen();
+    } finally {
+      blocker.close();
+    }
+  });
+
+  it('and a start that succeeds leaves nothing open after stop()', async () => {
+    expect(await start({})).toBe('started');
+    await expectNothingOpen();
+  });
+});
