@@ -24,7 +24,7 @@ import { TARGETS, judge, printReport, type BenchResult } from './report.js';
 import { assertAlive, log, runRounds, runSpentKey, smokeTest, type Knobs, type Setup } from './rounds.js';
 
 /**
- * `npm run bench` (README "Scale and performance"): the upstream directly, a bare Node proxy, the
+ * `npm run bench` (docs/performance.md): the upstream directly, a bare Node proxy, the
  * hono floor, the Redis-backed gateway and the gateway with WORKERS=2, measured in one run with their
  * rounds interleaved, so that whatever else the machine is doing spreads over all of them instead of
  * favouring one.

@@ -114,7 +114,7 @@ export interface BenchResult {
   readonly problems: string[];
 }
 
-/** The targets of the speed issue, as ratios measured in one run (README "Scale and performance"). */
+/** The targets of the speed issue, as ratios measured in one run (docs/performance.md). */
 export const LIMITS = {
   vsBare: 0.65,
   vsFloor: 0.85,

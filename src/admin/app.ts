@@ -15,7 +15,7 @@ import { statusApp } from './status.js';
 import { usageApp } from './usage.js';
 
 /**
- * The admin listener (README "The admin listener"): health, readiness, metrics and documents for
+ * The admin listener (docs/operations.md "The admin listener"): health, readiness, metrics and documents for
  * the platform, and the bearer-protected `/admin/*` API — one sub-app per resource. Errors are
  * mapped to answers in one place: a store that does not answer is a 503, anything else a 500.
  */

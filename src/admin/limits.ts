@@ -4,7 +4,7 @@ import { limitsFor, type LimitTable } from '../limits/limit-table.js';
 import type { AdminDeps } from './app.js';
 import { withTable } from './common.js';
 
-/** `/admin/limits` (README "Changing limits while it serves"): the table in force, and a reload now. */
+/** `/admin/limits` (docs/operations.md "Changing limits while it serves"): the table in force, and a reload now. */
 export function limitsApp(deps: AdminDeps): Hono {
   const { tables } = deps;
   const app = new Hono();

@@ -8,7 +8,7 @@ import type { AdminDeps } from './app.js';
 import { withTable } from './common.js';
 
 /**
- * What the platform reads without a token (README "The admin listener"): liveness, readiness,
+ * What the platform reads without a token (docs/operations.md "The admin listener"): liveness, readiness,
  * metrics, the version and the OpenAPI documents — none of it secret.
  */
 export function statusApp(deps: AdminDeps): Hono {

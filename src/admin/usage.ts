@@ -6,7 +6,7 @@ import type { AdminDeps } from './app.js';
 import { withTable } from './common.js';
 
 /**
- * A key's usage on every row, in table order, and its reset (README "The admin listener"). The key
+ * A key's usage on every row, in table order, and its reset (docs/operations.md "The admin listener"). The key
  * in the path is a secret like any other: only its hash goes further.
  */
 export function usageApp(deps: AdminDeps): Hono {

@@ -6,7 +6,7 @@ import { readLimitsFile } from './load-limits.js';
 import { formatSourceError, type SourceError } from '../lib/yaml-source.js';
 
 /**
- * The limit table in force, and its reloads (INTERFACE §7): on a change of the file, on
+ * The limit table in force, and its reloads (docs/operations.md "Changing limits while it serves"): on a change of the file, on
  * SIGHUP and on the admin endpoint. A table that fails validation is logged, counted and
  * refused, and the one in force stays. Requests read the snapshot through `current()` once
  * and keep it, so a swap never changes the rules under a request in flight.

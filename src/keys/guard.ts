@@ -7,7 +7,7 @@ import RateLimiterRes from 'rate-limiter-flexible/lib/RateLimiterRes.js';
 import type { Cluster, Redis } from 'ioredis';
 
 /**
- * Throttles clients that send missing or unknown API keys (INTERFACE §10): after `attempts`
+ * Throttles clients that send missing or unknown API keys (README "API keys and plans"): after `attempts`
  * failures within `windowSeconds` from one address, every request from that address is
  * answered 429 for `windowSeconds`, so keys cannot be guessed and the 401 path is no free
  * flood. Counting is rate-limiter-flexible's: in Redis (shared by every instance) with an

@@ -3,7 +3,7 @@ import { sha256Hex } from '../lib/hash.js';
 import type { KeyRecord } from './key-file.js';
 
 /**
- * The issued API keys (INTERFACE §10): keys of the key file, and keys issued through the admin
+ * The issued API keys (README "API keys and plans"): keys of the key file, and keys issued through the admin
  * API, kept as hashes in Redis so that every instance knows them. Each instance holds all of
  * them in memory, so a lookup on the request path costs no Redis round trip; it reloads the
  * admin-issued ones when an instance announces a change (pub/sub) and, as a backstop for a

@@ -3,7 +3,7 @@ import type { HeaderList } from '../lib/header-list.js';
 import { secondsUntil } from './windows.js';
 
 /**
- * Usage headers of every counted response (INTERFACE §6): the `X-RateLimit-*` pairs, and the
+ * Usage headers of every counted response (README "Headers and answers"): the `X-RateLimit-*` pairs, and the
  * IETF draft-ietf-httpapi-ratelimit-headers-11 `RateLimit-Policy` / `RateLimit` fields, whose
  * items are quoted policy names with `q` (quota), `w` (window seconds), `r` (remaining) and
  * `t` (seconds until reset) parameters.

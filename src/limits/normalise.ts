@@ -1,5 +1,5 @@
 /**
- * Normalisation of a request target before it is matched and forwarded (INTERFACE §5.2).
+ * Normalisation of a request target before it is matched and forwarded (README "A request, step by step").
  *
  * The bridge receives exactly the path that was matched and counted, so every spelling
  * that a server could read as another path is either folded into one form or refused:

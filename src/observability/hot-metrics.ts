@@ -12,9 +12,9 @@ interface MetricSnapshot {
 /**
  * A latency histogram observed on every request, kept in plain arrays and handed to prom-client's
  * registry only when it is scraped. prom-client's Histogram checks and hashes its labels on every
- * observation, which cost more than everything else a request's metrics do (README "Scale and
- * performance"); this takes one map lookup. It renders, aggregates over WORKERS and resets exactly
- * as prom-client's Histogram does, because the registry reads it through the same `get()`.
+ * observation, which cost more than everything else a request's metrics do (docs/performance.md);
+ * this takes one map lookup. It renders, aggregates over WORKERS and resets exactly as
+ * prom-client's Histogram does, because the registry reads it through the same `get()`.
  */
 
 interface Series {

@@ -29,7 +29,7 @@ export function shortKeyHash(keyHash: string): string {
   return keyHash.slice(0, 12);
 }
 
-/** One access-log line's fields (README "Logs"); absent ones are left out of the line. */
+/** One access-log line's fields (docs/operations.md "Logs"); absent ones are left out of the line. */
 export interface AccessRecord {
   reqId: string;
   method: string;
@@ -52,7 +52,7 @@ export interface AccessRecord {
  * Writes access-log lines into the logger's own output, in pino's line format (`level`, `time`,
  * `pid`, the fields, `msg`; absent fields left out), with one JSON.stringify: every request has one,
  * and pino's generic serializer, which quotes every key and checks every value anew, costs about
- * twice as much (README "Scale and performance"). Every other line goes through pino as usual.
+ * twice as much (docs/performance.md). Every other line goes through pino as usual.
  */
 export function accessLogWriter(logger: Logger): (record: AccessRecord) => void {
   const stream = (logger as unknown as Record<symbol, { write(line: string): void } | undefined>)[

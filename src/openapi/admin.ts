@@ -10,7 +10,7 @@ import {
 } from './common.js';
 
 /**
- * The OpenAPI 3.1 document of the admin listener (README "Operations"): health, readiness,
+ * The OpenAPI 3.1 document of the admin listener (docs/operations.md): health, readiness,
  * metrics, version and the two documents without a token, and the bearer-protected `/admin/*`
  * API — the limit table, a key's usage (by key or by id), issued keys and blocked addresses.
  */

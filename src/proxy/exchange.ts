@@ -12,7 +12,7 @@
  *   (RFC 9112 §9.3.1); nothing else is ever retried.
  * - A streamed body over MAX_BODY_BYTES: 413 before the answer began, else a cut.
  * - Body bytes on a request whose headers announce none: the client connection is closed (its
- *   framing was not the gateway's; README "Hostile clients").
+ *   framing was not the gateway's; docs/operations.md "Hostile clients").
  */
 
 export type Phase =

@@ -12,7 +12,7 @@ import { requestHeaderList, responseHeaderList, type BodyFraming } from './heade
  * HTTP forwarding to the bridges with undici: one connection pool per bridge (kept alive, one
  * request at a time per connection), one `dispatch` per exchange, bodies streamed both ways with
  * backpressure. undici's dispatch API costs far less per request than `http.request` (no
- * ClientRequest or IncomingMessage objects, no agent bookkeeping): README "Scale and performance"
+ * ClientRequest or IncomingMessage objects, no agent bookkeeping): docs/performance.md
  * has the measurements. The bridge's status, headers and body come back unchanged, in one
  * `writeHead` with the gateway's usage headers added. What happens when is decided by the state
  * machine of proxy/exchange.ts; this module only turns undici's callbacks into its events and its
@@ -62,7 +62,7 @@ interface BridgeTarget {
 function bridgeTarget(name: BridgeName, url: URL): BridgeTarget {
   const pool = new Pool(url.origin, {
     // One request per connection at a time: a pipelined connection would tie one client's answer
-    // to another's (README "Hostile clients").
+    // to another's (docs/operations.md "Hostile clients").
     pipelining: 1,
     // The exchange's own timer applies UPSTREAM_TIMEOUT_MS by its rules (proxy/exchange.ts).
     headersTimeout: 0,

@@ -1,5 +1,5 @@
 /**
- * Answers of the bridges as the seed describes them (sections 2.1 and 7). The error body of a
+ * Answers of the bridges as the specification describes them (sections 2.1 and 7). The error body of a
  * failed login, with its Vietnamese text, is what the real bridges send; the gateway passes it
  * through byte for byte.
  */
@@ -9,10 +9,10 @@ export type BridgeKind = 'eqt' | 'fno';
 export const DEMO_USERNAME = 'demo';
 export const DEMO_PASSWORD = 'demo-password';
 
-/** HTTP status of a failed login: the seed does not show it; `messageParams.s` says 500, and so does the sandbox. */
+/** HTTP status of a failed login: the specification does not show it; `messageParams.s` says 500, and so does the sandbox. */
 export const LOGIN_FAILED_STATUS = 500;
 
-/** The seed's section 7 error body for a wrong username or password, exactly as the bridge writes it. */
+/** The specification's error body for a wrong username or password, exactly as the bridge writes it. */
 export function loginFailedBody(kind: BridgeKind): string {
   const code = kind === 'eqt' ? 'OAPI_EQT_500' : 'OAPI_FNO_500';
   return (
@@ -22,7 +22,7 @@ export function loginFailedBody(kind: BridgeKind): string {
   );
 }
 
-/** The seed's section 2.1 token set: all five fields. */
+/** The specification's token set: all five fields. */
 export function tokenSetBody(tokens: { access: string; refresh: string; otp: string }): string {
   return JSON.stringify({
     access_token: tokens.access,

@@ -13,8 +13,8 @@ import {
 
 /**
  * A stand-in for the `eqt` or `fno` bridge, for `npm run sandbox` and the tests. Its token
- * operations answer as the seed describes (a token set for the demo login, the section 7
- * error body otherwise); the operations whose payloads the seed does not show answer with a
+ * operations answer as the specification describes (a token set for the demo login, the specification's
+ * error body otherwise); the operations whose payloads the specification does not show answer with a
  * small JSON description of the request; its WebSocket channels echo every message.
  */
 

@@ -51,7 +51,7 @@ declare module 'hono' {
     table: LimitTable;
     endpoint: Endpoint;
     decision: Decision;
-    /** Headers of INTERFACE §6 for this request (empty when it was not counted). */
+    /** Usage headers (README "Headers and answers") for this request (empty when it was not counted). */
     usageHeaders: HeaderList;
     /** Status of an answer the gateway wrote itself (server/answers.ts). */
     answered: number;

@@ -17,7 +17,7 @@ import { gateRefusal } from './request-gate.js';
  *
  * Pipelined requests keep their answers: when the parser fails on a request that follows others
  * still being answered, those get their answers first and the refusal comes after them
- * (README "Hostile clients").
+ * (docs/operations.md "Hostile clients").
  */
 
 /** How long a connection refused at this level is read from (and the bytes dropped) before it is closed. */

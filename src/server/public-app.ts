@@ -21,7 +21,7 @@ import { rateLimit } from './middleware/rate-limit.js';
 import { requestId } from './middleware/request-id.js';
 
 /**
- * The public listener's app: a request flows one way through the steps of INTERFACE §5,
+ * The public listener's app: a request flows one way through the steps of README "A request, step by step",
  * each a middleware that either answers or passes on.
  */
 

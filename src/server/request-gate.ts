@@ -3,7 +3,7 @@ import type { IncomingMessage } from 'node:http';
 /**
  * Checks of a request's framing and head, made before anything else looks at it (before the API
  * key, before counting), so that a request the gateway will not forward uses no unit and no
- * request can hide in another one's body (README "Hostile clients", SECURITY.md):
+ * request can hide in another one's body (docs/operations.md "Hostile clients", SECURITY.md):
  *
  * - more header lines than `maxHeaderCount`: 431. (Node's parser frames a body by every header
  *   line it reads, also those past its own header-count cap; the server is set to keep them all,

@@ -5,7 +5,7 @@ import { rawAnswer } from '../lib/answers.js';
 import type { GatewayEnv } from './context.js';
 
 /**
- * WebSocket upgrades (INTERFACE §8) go through the same middleware chain as every request:
+ * WebSocket upgrades (README "WebSocket channels") go through the same middleware chain as every request:
  * key, endpoint (as method `WS`), limits. When the chain answers (401, 404, 429 …) the answer
  * is written to the socket as plain HTTP and no WebSocket is opened; when it passes, the
  * final handler has already handed the socket to the bridge.

@@ -14,7 +14,7 @@ import { RedisIssuedKeyStore } from '../redis/issued-keys.js';
 import type { Closers } from './closers.js';
 
 /**
- * Where an instance keeps what it shares with the others (README "How counting works", "When
+ * Where an instance keeps what it shares with the others (README "A request, step by step", docs/operations.md "When
  * parts fail"): the counters, the issued keys and the event channel — in Redis (or a Redis
  * Cluster), or in this process when no Redis is configured.
  */

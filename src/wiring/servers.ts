@@ -13,7 +13,7 @@ import type { Closers } from './closers.js';
 import { StartupError } from './startup-error.js';
 
 /**
- * The two listeners (README "Operations"): the admin listener first, the public one last, so that
+ * The two listeners (docs/operations.md): the admin listener first, the public one last, so that
  * at shutdown the public one stops first — it stops accepting, lets the requests in flight finish
  * (at most SHUTDOWN_TIMEOUT_MS), closes WebSockets with 1001 — while /readyz still says so.
  */

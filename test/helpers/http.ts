@@ -82,7 +82,7 @@ export function rawExchange(port: number, bytes: string | Buffer, timeoutMs = 50
   });
 }
 
-/** The two-field error body of INTERFACE §6. */
+/** The two-field error body (README "Headers and answers"). */
 export function expectTwoFields(reply: Reply): { error: string; message: string } {
   const body = reply.json<Record<string, unknown>>();
   if (Object.keys(body).length !== 2 || typeof body.error !== 'string' || typeof body.message !== 'string') {

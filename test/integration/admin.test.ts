@@ -3,7 +3,7 @@ import { ADMIN_TOKEN, authHeader, startTestGateway, type TestGateway } from '../
 import { expectTwoFields, send } from '../helpers/http.js';
 import { startRedisServer } from '../helpers/redis.js';
 
-/** The admin listener of INTERFACE §7, over real sockets. */
+/** The admin listener (docs/operations.md "The admin listener"), over real sockets. */
 
 const LIMITS = `
 timezone: UTC
@@ -135,7 +135,7 @@ describe('GET /admin/limits', () => {
 });
 
 describe('/admin/usage/{apiKey}', () => {
-  it('reports one entry per row, in table order, with the exact shape of §7', async () => {
+  it('reports one entry per row, in table order, with the exact shape of docs/operations.md "The admin listener"', async () => {
     const key = `usage-${Date.now()}`;
     for (let i = 0; i < 3; i++) await send(gw.url, { path: `/orders/${i}`, headers: { 'X-API-Key': key } });
     const reply = await admin(`/admin/usage/${key}`);

@@ -10,7 +10,7 @@ import { attempt, usageOfRow, waitFor } from '../helpers/faults.js';
 import { OK_BODY, startFaultyBridge, type FaultyBridge } from '../helpers/faulty-bridge.js';
 
 /**
- * Bridges that fail (INTERFACE §5.5, §6 502/504): refused, reset mid-answer, silent, stalled
+ * Bridges that fail (README "Forwarding"; docs/operations.md "Bridges"): refused, reset mid-answer, silent, stalled
  * after the headers, dropped, garbage. Each gets the client a clean 502/504 or a closed
  * connection (never a wrong 200), every bridge socket of a failed exchange is closed, the
  * request was counted exactly once, and the next request works.
@@ -73,7 +73,7 @@ function expectGatewayAnswer(reply: Reply | undefined, status: number, error: st
   expect(expectTwoFields(reply as Reply).error).toBe(error);
   // No internal address, port, error code or stack trace.
   expect(reply?.text).not.toMatch(/127\.0\.0\.1|localhost|:\d{4,5}|E[A-Z]{4,}|at .+\.js/);
-  // A counted request: its answer carries the usage headers (§6).
+  // A counted request: its answer carries the usage headers (README "Headers and answers").
   for (const h of USAGE_HEADERS) expect(reply?.headers[h], h).toBeDefined();
 }
 

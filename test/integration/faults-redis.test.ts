@@ -8,7 +8,7 @@ import { startRedisProxy, type RedisProxy } from '../helpers/redis-proxy.js';
 import { accessLine, metricValue, readyz, sleep, timed, usageOfRow, waitFor, waitReady } from '../helpers/faults.js';
 
 /**
- * Redis faults (INTERFACE §3 REDIS_FAILURE_MODE, §7 /readyz), each against a redis-server of
+ * Redis faults (docs/operations.md "When parts fail"; /readyz in "The admin listener"), each against a redis-server of
  * the test's own: killed, slow (CLIENT PAUSE), and killed and restarted in the middle of
  * traffic. After each: fast answers, the right answer per mode, readiness, the fallback
  * metric, no unit lost or counted twice, and the gateway serving again.

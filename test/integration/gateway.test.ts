@@ -4,7 +4,7 @@ import { loginFailedBody, DEMO_PASSWORD, DEMO_USERNAME } from '../../src/sandbox
 import { authHeader, startTestGateway, type TestGateway } from '../helpers/gateway.js';
 import { expectTwoFields, rawExchange, send } from '../helpers/http.js';
 
-/** The gateway core over real sockets: INTERFACE §5 step by step, §6 answers and headers. */
+/** The gateway core over real sockets: README "A request, step by step" and "Headers and answers". */
 
 const LIMITS = `
 timezone: UTC

@@ -212,7 +212,7 @@ describe('a body over MAX_BODY_BYTES', () => {
     expect(sentAtAnswer as number).toBeLessThan(TOTAL / 4);
     expect(answeredAtMs as number).toBeLessThan(5000);
     expect(gw.eqt.requests.slice(before).some((r) => r.body.length > MAX_BODY_BYTES)).toBe(false);
-    // Refused after counting (INTERFACE §5.4): counted exactly once.
+    // Refused after counting (README "A request, step by step", step 4): counted exactly once.
     expect((await usageOfRow(gw, key, 'POST /orders')).hour.used).toBe(1);
     await stillServes();
   });
@@ -292,7 +292,7 @@ describe('hostile JSON on the token route', () => {
       expect(out.ms).toBeLessThan(1000);
     }
     expect(gw.eqt.requests.slice(before).filter((r) => r.url === TOKEN)).toHaveLength(0);
-    // Refused after counting (INTERFACE §5.4): each counted exactly once.
+    // Refused after counting (README "A request, step by step", step 4): each counted exactly once.
     expect((await usageOfRow(gw, key, 'POST /auth/token')).hour.used).toBe(hostileOuts.length);
   });
 

@@ -10,7 +10,7 @@ import { rawConnect, sleep, usageOf, waitFor } from '../helpers/faults.js';
  * the request was handed over, pipelined garbage behind a valid request, headers that would let
  * a bridge reinterpret a request, and requests Node answers on its own. Nothing hidden in a body
  * may reach a bridge, a refused request uses no unit, and every client gets its own answers.
- * (README "When parts fail", Hostile clients; SECURITY.md.)
+ * (docs/operations.md "Hostile clients"; SECURITY.md.)
  */
 
 const LIMITS = `

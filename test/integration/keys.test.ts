@@ -14,7 +14,7 @@ import {
 import { expectTwoFields, send } from '../helpers/http.js';
 import { redisClient, startRedisServer, type RedisProcess } from '../helpers/redis.js';
 
-/** API keys and plans (INTERFACE §10) over real sockets. */
+/** API keys and plans (README "API keys and plans") over real sockets. */
 
 const LIMITS = `
 timezone: UTC
@@ -75,7 +75,7 @@ describe('registered keys, shared by two instances', () => {
     rmSync(dir, { recursive: true, force: true });
   });
 
-  it('refuses a key that was never issued with the 401 of §10, before counting or forwarding', async () => {
+  it('refuses a key that was never issued with the 401 of README "API keys and plans", before counting or forwarding', async () => {
     const before = eqt.requests.length;
     const reply = await call(a, 'made-up-key');
     expect(reply.status).toBe(401);

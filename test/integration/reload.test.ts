@@ -6,7 +6,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { authHeader, startTestGateway, type TestGateway } from '../helpers/gateway.js';
 import { send } from '../helpers/http.js';
 
-/** Live changes of limits.yaml (README "Changing limits while it serves"): a good table takes over, a bad one changes nothing. */
+/** Live changes of limits.yaml (docs/operations.md "Changing limits while it serves"): a good table takes over, a bad one changes nothing. */
 
 const table = (perHour: number, perDay: number, name = 'Order List'): string => `
 timezone: UTC

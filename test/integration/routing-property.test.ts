@@ -7,7 +7,7 @@ import { usageOf } from '../helpers/faults.js';
 
 /**
  * Property: nothing reaches a bridge without having been counted against the row it matched
- * (INTERFACE §5.2). Generated request paths mix table literals, ids, dot segments, empty
+ * (README "A request, step by step"). Generated request paths mix table literals, ids, dot segments, empty
  * segments, percent-encodings (of unreserved characters, dots, slashes, backslashes), raw
  * backslashes and random strings, with or without a query. Each one is checked against a
  * reference model written from the README's rules (independent of src/), and in the end the

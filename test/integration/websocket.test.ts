@@ -8,9 +8,9 @@ import { send } from '../helpers/http.js';
 import { refusingPort } from '../helpers/redis.js';
 
 /**
- * WebSocket rows (INTERFACE §8) over real sockets with a real `ws` client: an upgrade is
+ * WebSocket rows (README "WebSocket channels") over real sockets with a real `ws` client: an upgrade is
  * counted as one connection against its row, proxied to the bridge both ways, refused with
- * the answers of §6 without touching the bridge, released when either side goes, and closed
+ * the answers of README "Headers and answers" without touching the bridge, released when either side goes, and closed
  * with 1001 at shutdown once the HTTP requests in flight have completed.
  */
 
@@ -393,7 +393,7 @@ describe('an accepted upgrade', () => {
     ws.close();
   });
 
-  it('answers the upgrade with 101 carrying the usage headers of §6 and X-Request-Id', async () => {
+  it('answers the upgrade with 101 carrying the usage headers (README "Headers and answers") and X-Request-Id', async () => {
     const key = newKey();
     const { ws, headers } = await open(wsUrl(gw, '/ws/orders'), { 'X-API-Key': key });
     expect(headers['x-ratelimit-limit-hour']).toBe('500');
@@ -486,7 +486,7 @@ describe('a bridge that speaks first', () => {
   });
 });
 
-describe('refused upgrades: the answers of §6, and no socket at the bridge', () => {
+describe('refused upgrades: the answers of README "Headers and answers", and no socket at the bridge', () => {
   let small: TestGateway;
   let smallBridge: TestBridge;
   beforeAll(async () => {
@@ -593,7 +593,7 @@ describe('refused upgrades: the answers of §6, and no socket at the bridge', ()
       expect(answer.status).toBe(502);
       // The upgrade was counted (step 3 came before forwarding) ...
       expect((await usageOf(down, key)).hour.used).toBe(1);
-      // ... so its answer carries the headers of §6, as an HTTP 502 does.
+      // ... so its answer carries the usage headers, as an HTTP 502 does.
       expect(answer.headers['x-ratelimit-limit-hour']).toBe('3');
       expect(answer.headers['x-ratelimit-remaining-hour']).toBe('2');
       expect(answer.headers['x-ratelimit-remaining-day']).toBe('9');

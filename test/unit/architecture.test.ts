@@ -63,3 +63,33 @@ describe('src/ folders', () => {
     expect(wrong).toEqual([]);
   });
 });
+
+describe('comments', () => {
+  const ROOT = resolve(SRC, '..');
+  const headings = (file: string): Set<string> =>
+    new Set(
+      readFileSync(join(ROOT, file), 'utf8')
+        .split('\n')
+        .filter((line) => line.startsWith('#'))
+        .map((line) => line.replace(/^#+\s*/, '')),
+    );
+
+  it('cite sections that exist in the README and docs/, and no document outside the repository', () => {
+    const docs = new Map<string, Set<string>>();
+    const missing: string[] = [];
+    const outside: string[] = [];
+    for (const file of sourceFiles(SRC)) {
+      const text = readFileSync(file, 'utf8');
+      for (const match of text.matchAll(/(README|docs\/[a-z-]+\.md) "([^"]+)"/g)) {
+        const doc = match[1] === 'README' ? 'README.md' : (match[1] as string);
+        // A citation may run over a comment's line break.
+        const section = (match[2] as string).replace(/\s*\n\s*(\*|\/\/)?\s*/g, ' ');
+        if (!docs.has(doc)) docs.set(doc, headings(doc));
+        if (!docs.get(doc)?.has(section)) missing.push(`${relative(SRC, file)}: ${doc} "${section}"`);
+      }
+      if (/INTERFACE|\bthe seed\b/.test(text)) outside.push(relative(SRC, file));
+    }
+    expect(missing).toEqual([]);
+    expect(outside).toEqual([]);
+  });
+});

@@ -237,7 +237,7 @@ describe('the Kubernetes manifests', () => {
 
   it('request the measured peak memory and limit it with room to spare', () => {
     const { requests, limits } = container.resources;
-    // README "Scale and performance": 85 MB RSS idle, 121 MB peak at 50 connections.
+    // docs/performance.md: 85 MB RSS idle, 121 MB peak at 50 connections.
     expect(bytes(requests.memory as string)).toBeGreaterThanOrEqual(121e6);
     expect(bytes(limits.memory as string)).toBeGreaterThanOrEqual(1.5 * bytes(requests.memory as string));
     expect(bytes(limits.memory as string)).toBeLessThanOrEqual(512 * 1024 ** 2);

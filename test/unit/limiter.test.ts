@@ -340,7 +340,7 @@ describe('Limiter', () => {
 });
 
 describe('usage headers', () => {
-  it('carry the numbers of INTERFACE §6 in both syntaxes', async () => {
+  it('carry the numbers of README "Headers and answers" in both syntaxes', async () => {
     const clock = new FakeClock('2026-11-22T10:30:00Z');
     const t = table();
     const row = t.rows[0]!;

@@ -6,7 +6,7 @@ import { formatSourceError } from '../../src/lib/yaml-source.js';
 
 const fixtures = new URL('../fixtures/limits/invalid/', import.meta.url);
 
-/** The seed's section 8, as printed there. */
+/** The specification's limit table, as printed there (README "The limit table"). */
 const SEED_TABLE: Array<[string, string, number, number]> = [
   ['Authentication', 'POST /auth/token', 60, 500],
   ['Authentication', 'POST /auth/refresh', 120, 1000],
@@ -29,7 +29,7 @@ const SEED_TABLE: Array<[string, string, number, number]> = [
 ];
 
 describe('the shipped limits.yaml', () => {
-  it('holds the 18 rows of the seed, names and numbers as there, in order', async () => {
+  it('holds the 18 rows of the specification, names and numbers as there, in order', async () => {
     const result = await readLimitsFile('limits.yaml');
     if (!result.ok) throw new Error(result.errors.map(formatSourceError).join('\n'));
     expect(result.table.rows.map((r) => [r.name, r.route.text, r.limits.perHour, r.limits.perDay])).toEqual(SEED_TABLE);
@@ -37,7 +37,7 @@ describe('the shipped limits.yaml', () => {
     expect(result.table.rows.every((r) => !r.shadow)).toBe(true);
   });
 
-  it('counts the token operations of the seed section 4 on the POST /auth/token row', async () => {
+  it('counts the specification's two token operations on the POST /auth/token row', async () => {
     const result = await readLimitsFile('limits.yaml');
     if (!result.ok) throw new Error('invalid');
     const auth = result.table.rows[0];
@@ -55,7 +55,7 @@ describe('the shipped limits.yaml', () => {
     }
   });
 
-  it('defines the premium and market-maker plans of INTERFACE §10', async () => {
+  it('defines the premium and market-maker plans of the shipped limits.yaml', async () => {
     const result = await readLimitsFile('limits.yaml');
     if (!result.ok) throw new Error('invalid');
     const { table } = result;
@@ -73,7 +73,7 @@ describe('an invalid table', () => {
     .filter((f) => f.endsWith('.yaml'))
     .sort();
 
-  it('has a fixture for every rule of INTERFACE §4', () => {
+  it('has a fixture for every rule of README "The limit table"', () => {
     expect(names.length).toBeGreaterThanOrEqual(20);
   });
 

@@ -14,7 +14,7 @@ import { WebSocketProxy } from '../../src/ws/bridge-proxy.js';
 import { WebSocketConnections } from '../../src/ws/connections.js';
 
 /**
- * The middleware chain in-process (hono's app.request()): the order of INTERFACE §5's steps.
+ * The middleware chain in-process (hono's app.request()): the order of the steps of README "A request, step by step".
  * Forwarding needs a socket and is covered over real sockets in the integration suite; here a
  * request that passes every step reaches the forward handler, which answers 500 in-process.
  */

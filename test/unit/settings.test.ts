@@ -17,7 +17,7 @@ const message = (env: Record<string, string>): string => {
 };
 
 describe('settings', () => {
-  it('has the defaults of INTERFACE §3', () => {
+  it('has the defaults of README "Configuration"', () => {
     const s = load(BRIDGES);
     expect(s).toMatchObject({
       port: 8080,

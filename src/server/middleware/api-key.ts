@@ -10,8 +10,8 @@ import type { GatewayEnv } from '../context.js';
 import { requestHeader } from '../request-header.js';
 
 /**
- * Step 1 of INTERFACE §5: the API key. Only its SHA-256 hash travels further. In `registered`
- * mode only issued keys pass (§10); in `any` mode every non-empty key is its own bucket.
+ * Step 1 of README "A request, step by step": the API key. Only its SHA-256 hash travels further. In `registered`
+ * mode only issued keys pass (README "API keys and plans"); in `any` mode every non-empty key is its own bucket.
  * Missing and unknown keys feed the invalid-key guard, which answers 429 to an address that
  * keeps sending them.
  */

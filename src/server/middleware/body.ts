@@ -5,8 +5,8 @@ import type { GatewayEnv } from '../context.js';
 import { requestHeader } from '../request-header.js';
 
 /**
- * Step 4 of INTERFACE §5, after counting: the body. Any body longer than `maxBodyBytes` is
- * refused with 413. On the credential routes (the seed's token operations) the body must be
+ * Step 4 of README "A request, step by step", after counting: the body. Any body longer than `maxBodyBytes` is
+ * refused with 413. On the credential routes (the specification's token operations) the body must be
  * a JSON object with non-empty string `username` and `password`, sent as
  * `application/json` (415 otherwise, 400 for the body); it is read once, bounded, and then
  * forwarded byte for byte.

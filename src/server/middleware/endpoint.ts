@@ -6,7 +6,7 @@ import { answered } from '../answers.js';
 import type { GatewayEnv } from '../context.js';
 
 /**
- * Step 2 of INTERFACE §5: normalise the path and find its row in the table snapshot in force,
+ * Step 2 of README "A request, step by step": normalise the path and find its row in the table snapshot in force,
  * which the request then keeps to its end. A WebSocket upgrade matches as method `WS`.
  */
 

@@ -9,7 +9,7 @@ import type { GatewayEnv } from '../context.js';
 import { withoutApiKey } from './api-key.js';
 
 /**
- * Step 5 of INTERFACE §5: forward to the bridge, which answers the client directly. A
+ * Step 5 of README "A request, step by step": forward to the bridge, which answers the client directly. A
  * WebSocket upgrade is handed to the bridge and then joined both ways.
  */
 

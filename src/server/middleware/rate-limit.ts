@@ -7,8 +7,8 @@ import { answer } from '../answers.js';
 import type { GatewayEnv } from '../context.js';
 
 /**
- * Step 3 of INTERFACE §5: the hour and day windows of the matched row, for this key's plan.
- * A refusal is the exact 429 of §6; from here on every answer carries the usage headers.
+ * Step 3 of README "A request, step by step": the hour and day windows of the matched row, for this key's plan.
+ * A refusal is the exact 429 of README "Headers and answers"; from here on every answer carries the usage headers.
  */
 
 /** An allowed request that leaves less than this share of a window counts as "near the limit". */
