@@ -53,238 +53,240 @@ export function adminOpenApi(options: AdminOpenApiOptions): OpenApiDocument {
     },
     security: [{ Bearer: [] }],
     paths: {
-      '/healthz': {
-        get: operation('healthz', 'Liveness: the process serves', { '200': json('`{"status":"ok"}`', 'Health') }, open),
-      },
-      '/readyz': {
-        get: operation(
-          'readyz',
-          'Readiness',
-          {
-            '200': json(
-              '`ok`; or `degraded` with the reason while Redis is away in `insurance` and `open` mode (the instance still serves).',
-              'Readiness',
-            ),
-            '503': json(
-              '`unavailable`: while shutting down, when no valid limit table is loaded, or while Redis is away in `closed` mode.',
-              'Readiness',
-            ),
-          },
-          open,
-        ),
-      },
-      '/metrics': {
-        get: operation(
-          'metrics',
-          'Prometheus metrics',
-          {
-            '200': {
-              description: 'Prometheus text exposition format (all names start with `oapi_gateway_`).',
-              content: { 'text/plain': { schema: { type: 'string' } } },
-            },
-          },
-          open,
-        ),
-      },
-      '/version': {
-        get: operation(
-          'version',
-          'The gateway’s version and Node.js version',
-          { '200': json('The running build.', 'Version') },
-          open,
-        ),
-      },
-      '/openapi.json': {
-        get: operation(
-          'publicOpenApi',
-          'OpenAPI 3.1 document of the public API, for the limit table in force',
-          {
-            '200': json('Every route of the table with its `x-ratelimit` numbers.', 'OpenApiDocument'),
-            '503': errorAnswer('No valid limit table is loaded.', 503, 'No valid limit table is loaded'),
-          },
-          open,
-        ),
-      },
-      '/openapi-admin.json': {
-        get: operation(
-          'adminOpenApi',
-          'This document',
-          { '200': json('The OpenAPI 3.1 document of the admin listener.', 'OpenApiDocument') },
-          open,
-        ),
-      },
-      '/admin/limits': {
-        get: operation(
-          'getLimits',
-          'The limit table in force',
-          bearer({
-            '200': json('The table, its file, content hash, load time and plans.', 'Limits'),
-            '503': ref('responses', 'NoTable'),
-          }),
-        ),
-      },
-      '/admin/limits/reload': {
-        post: operation(
-          'reloadLimits',
-          'Reload the limit table now',
-          bearer({
-            '200': json('The table in force after the reload.', 'Reloaded'),
-            '422': json(
-              'The file is not valid; the table in force stays. `errors` are the lines `npx oapi-gateway check` prints.',
-              'ReloadRefused',
-            ),
-          }),
-        ),
-      },
-      '/admin/usage/{apiKey}': {
-        parameters: [
-          {
-            name: 'apiKey',
-            in: 'path',
-            required: true,
-            description: 'The API key itself (a secret: only its hash is logged).',
-            schema: { type: 'string', minLength: 1 },
-          },
-        ],
-        get: operation(
-          'getUsageByKey',
-          'A key’s usage on every row, in table order',
-          bearer({
-            '200': json('Usage of the key under its plan.', 'Usage'),
-            '404': errorAnswer(
-              'In `registered` mode, a key that was never issued.',
-              404,
-              'No issued key has this value',
-            ),
-            '503': ref('responses', 'StoreUnavailable'),
-          }),
-        ),
-        delete: operation(
-          'resetUsageByKey',
-          'Reset a key’s counters on every row, on every instance',
-          bearer({
-            '204': noContent('Reset.'),
-            '404': errorAnswer(
-              'In `registered` mode, a key that was never issued.',
-              404,
-              'No issued key has this value',
-            ),
-            '503': ref('responses', 'StoreUnavailable'),
-          }),
-        ),
-      },
-      '/admin/keys': {
-        get: operation(
-          'listKeys',
-          'Issued keys (never a key or a hash)',
-          bearer({ '200': json('Every key of the key file and of the admin API.', 'KeyList') }),
-        ),
-        post: operation(
-          'issueKey',
-          'Issue a random key',
-          bearer({
-            '201': json('The key, shown this once; only its hash is kept.', 'IssuedKey'),
-            '400': errorAnswer(
-              'A body that is not `{"id","plan"}`, a malformed id or an unknown plan.',
-              400,
-              'id must be letters, digits, ".", "_" and "-" (at most 64)',
-            ),
-            '409': errorAnswer('A key with this id exists.', 409, 'A key with id "acme-prod" exists'),
-            '503': ref('responses', 'StoreUnavailable'),
-          }),
-          { requestBody: { required: true, content: jsonContent(ref('schemas', 'NewKey')) } },
-        ),
-      },
-      '/admin/keys/{id}': {
-        parameters: [ref('parameters', 'KeyId')],
-        delete: operation(
-          'revokeKey',
-          'Revoke an issued key at once, on every instance',
-          bearer({
-            '204': noContent('Revoked.'),
-            '404': ref('responses', 'NoSuchKey'),
-            '409': errorAnswer(
-              'The key comes from the key file: remove it there.',
-              409,
-              'Key "acme-prod" comes from the key file: remove it there',
-            ),
-            '503': ref('responses', 'StoreUnavailable'),
-          }),
-        ),
-      },
-      '/admin/keys/{id}/usage': {
-        parameters: [ref('parameters', 'KeyId')],
-        get: operation(
-          'getUsageById',
-          'The usage of the key with this id, as `/admin/usage/{apiKey}` answers it',
-          bearer({
-            '200': json('Usage of the key under its plan.', 'Usage'),
-            '404': ref('responses', 'NoSuchKey'),
-            '503': ref('responses', 'StoreUnavailable'),
-          }),
-        ),
-        delete: operation(
-          'resetUsageById',
-          'Reset the counters of the key with this id on every row, on every instance',
-          bearer({
-            '204': noContent('Reset.'),
-            '404': ref('responses', 'NoSuchKey'),
-            '503': ref('responses', 'StoreUnavailable'),
-          }),
-        ),
-      },
-      '/admin/blocks': {
-        get: operation(
-          'listBlocks',
-          'Client addresses refused for sending missing or unknown keys',
-          bearer({ '200': json('Each blocked address and the seconds its block has left.', 'Blocks') }),
-        ),
-      },
-      '/admin/blocks/{address}': {
-        parameters: [
-          {
-            name: 'address',
-            in: 'path',
-            required: true,
-            description: 'A blocked client address, as `GET /admin/blocks` lists it.',
-            schema: { type: 'string', minLength: 1 },
-          },
-        ],
-        delete: operation(
-          'unblockAddress',
-          'Unblock an address on every instance',
-          bearer({
-            '204': noContent('Unblocked.'),
-            '404': errorAnswer('The address is not blocked.', 404, 'Address is not blocked'),
-          }),
-        ),
-      },
+      ...statusPaths(),
+      ...limitsPaths(),
+      ...usagePaths(),
+      ...keysPaths(),
+      ...blocksPaths(),
     },
-    components: {
-      securitySchemes: {
-        Bearer: { type: 'http', scheme: 'bearer', description: '`ADMIN_TOKEN` (at least 16 characters).' },
-      },
-      parameters: {
-        KeyId: {
-          name: 'id',
+    components: COMPONENTS,
+  };
+}
+
+/** What the platform reads without a token. */
+function statusPaths(): Record<string, Json> {
+  return {
+    '/healthz': {
+      get: operation('healthz', 'Liveness: the process serves', { '200': json('`{"status":"ok"}`', 'Health') }, open),
+    },
+    '/readyz': {
+      get: operation(
+        'readyz',
+        'Readiness',
+        {
+          '200': json(
+            '`ok`; or `degraded` with the reason while Redis is away in `insurance` and `open` mode (the instance still serves).',
+            'Readiness',
+          ),
+          '503': json(
+            '`unavailable`: while shutting down, when no valid limit table is loaded, or while Redis is away in `closed` mode.',
+            'Readiness',
+          ),
+        },
+        open,
+      ),
+    },
+    '/metrics': {
+      get: operation(
+        'metrics',
+        'Prometheus metrics',
+        {
+          '200': {
+            description: 'Prometheus text exposition format (all names start with `oapi_gateway_`).',
+            content: { 'text/plain': { schema: { type: 'string' } } },
+          },
+        },
+        open,
+      ),
+    },
+    '/version': {
+      get: operation(
+        'version',
+        'The gateway’s version and Node.js version',
+        { '200': json('The running build.', 'Version') },
+        open,
+      ),
+    },
+    '/openapi.json': {
+      get: operation(
+        'publicOpenApi',
+        'OpenAPI 3.1 document of the public API, for the limit table in force',
+        {
+          '200': json('Every route of the table with its `x-ratelimit` numbers.', 'OpenApiDocument'),
+          '503': errorAnswer('No valid limit table is loaded.', 503, 'No valid limit table is loaded'),
+        },
+        open,
+      ),
+    },
+    '/openapi-admin.json': {
+      get: operation(
+        'adminOpenApi',
+        'This document',
+        { '200': json('The OpenAPI 3.1 document of the admin listener.', 'OpenApiDocument') },
+        open,
+      ),
+    },
+  };
+}
+
+/** The table in force and its reload. */
+function limitsPaths(): Record<string, Json> {
+  return {
+    '/admin/limits': {
+      get: operation(
+        'getLimits',
+        'The limit table in force',
+        bearer({
+          '200': json('The table, its file, content hash, load time and plans.', 'Limits'),
+          '503': ref('responses', 'NoTable'),
+        }),
+      ),
+    },
+    '/admin/limits/reload': {
+      post: operation(
+        'reloadLimits',
+        'Reload the limit table now',
+        bearer({
+          '200': json('The table in force after the reload.', 'Reloaded'),
+          '422': json(
+            'The file is not valid; the table in force stays. `errors` are the lines `npx oapi-gateway check` prints.',
+            'ReloadRefused',
+          ),
+        }),
+      ),
+    },
+  };
+}
+
+/** A key's usage by the key itself. */
+function usagePaths(): Record<string, Json> {
+  return {
+    '/admin/usage/{apiKey}': {
+      parameters: [
+        {
+          name: 'apiKey',
           in: 'path',
           required: true,
-          description: 'The id of an issued key.',
-          schema: { type: 'string', pattern: '^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$' },
+          description: 'The API key itself (a secret: only its hash is logged).',
+          schema: { type: 'string', minLength: 1 },
         },
-      },
-      schemas: SCHEMAS,
-      responses: {
-        Unauthorized: errorAnswer('A missing or wrong bearer token.', 401, 'Missing bearer token'),
-        Disabled: errorAnswer(
-          '`ADMIN_TOKEN` is not set: the admin API is disabled.',
-          403,
-          'The admin API is disabled: ADMIN_TOKEN is not set',
-        ),
-        NoSuchKey: errorAnswer('No key has this id.', 404, 'No key with id "acme-prod"'),
-        NoTable: errorAnswer('No valid limit table is loaded.', 503, 'No valid limit table is loaded'),
-        StoreUnavailable: errorAnswer('Redis cannot be reached.', 503, 'Counter store unavailable'),
-      },
+      ],
+      get: operation(
+        'getUsageByKey',
+        'A key’s usage on every row, in table order',
+        bearer({
+          '200': json('Usage of the key under its plan.', 'Usage'),
+          '404': errorAnswer('In `registered` mode, a key that was never issued.', 404, 'No issued key has this value'),
+          '503': ref('responses', 'StoreUnavailable'),
+        }),
+      ),
+      delete: operation(
+        'resetUsageByKey',
+        'Reset a key’s counters on every row, on every instance',
+        bearer({
+          '204': noContent('Reset.'),
+          '404': errorAnswer('In `registered` mode, a key that was never issued.', 404, 'No issued key has this value'),
+          '503': ref('responses', 'StoreUnavailable'),
+        }),
+      ),
+    },
+  };
+}
+
+/** Issued keys, and usage by key id. */
+function keysPaths(): Record<string, Json> {
+  return {
+    '/admin/keys': {
+      get: operation(
+        'listKeys',
+        'Issued keys (never a key or a hash)',
+        bearer({ '200': json('Every key of the key file and of the admin API.', 'KeyList') }),
+      ),
+      post: operation(
+        'issueKey',
+        'Issue a random key',
+        bearer({
+          '201': json('The key, shown this once; only its hash is kept.', 'IssuedKey'),
+          '400': errorAnswer(
+            'A body that is not `{"id","plan"}`, a malformed id or an unknown plan.',
+            400,
+            'id must be letters, digits, ".", "_" and "-" (at most 64)',
+          ),
+          '409': errorAnswer('A key with this id exists.', 409, 'A key with id "acme-prod" exists'),
+          '503': ref('responses', 'StoreUnavailable'),
+        }),
+        { requestBody: { required: true, content: jsonContent(ref('schemas', 'NewKey')) } },
+      ),
+    },
+    '/admin/keys/{id}': {
+      parameters: [ref('parameters', 'KeyId')],
+      delete: operation(
+        'revokeKey',
+        'Revoke an issued key at once, on every instance',
+        bearer({
+          '204': noContent('Revoked.'),
+          '404': ref('responses', 'NoSuchKey'),
+          '409': errorAnswer(
+            'The key comes from the key file: remove it there.',
+            409,
+            'Key "acme-prod" comes from the key file: remove it there',
+          ),
+          '503': ref('responses', 'StoreUnavailable'),
+        }),
+      ),
+    },
+    '/admin/keys/{id}/usage': {
+      parameters: [ref('parameters', 'KeyId')],
+      get: operation(
+        'getUsageById',
+        'The usage of the key with this id, as `/admin/usage/{apiKey}` answers it',
+        bearer({
+          '200': json('Usage of the key under its plan.', 'Usage'),
+          '404': ref('responses', 'NoSuchKey'),
+          '503': ref('responses', 'StoreUnavailable'),
+        }),
+      ),
+      delete: operation(
+        'resetUsageById',
+        'Reset the counters of the key with this id on every row, on every instance',
+        bearer({
+          '204': noContent('Reset.'),
+          '404': ref('responses', 'NoSuchKey'),
+          '503': ref('responses', 'StoreUnavailable'),
+        }),
+      ),
+    },
+  };
+}
+
+/** Addresses the invalid-key guard blocks. */
+function blocksPaths(): Record<string, Json> {
+  return {
+    '/admin/blocks': {
+      get: operation(
+        'listBlocks',
+        'Client addresses refused for sending missing or unknown keys',
+        bearer({ '200': json('Each blocked address and the seconds its block has left.', 'Blocks') }),
+      ),
+    },
+    '/admin/blocks/{address}': {
+      parameters: [
+        {
+          name: 'address',
+          in: 'path',
+          required: true,
+          description: 'A blocked client address, as `GET /admin/blocks` lists it.',
+          schema: { type: 'string', minLength: 1 },
+        },
+      ],
+      delete: operation(
+        'unblockAddress',
+        'Unblock an address on every instance',
+        bearer({
+          '204': noContent('Unblocked.'),
+          '404': errorAnswer('The address is not blocked.', 404, 'Address is not blocked'),
+        }),
+      ),
     },
   };
 }
@@ -482,5 +484,32 @@ const SCHEMAS: Record<string, Json> = {
       },
     },
     additionalProperties: false,
+  },
+};
+
+const COMPONENTS: Record<string, Record<string, Json>> = {
+  securitySchemes: {
+    Bearer: { type: 'http', scheme: 'bearer', description: '`ADMIN_TOKEN` (at least 16 characters).' },
+  },
+  parameters: {
+    KeyId: {
+      name: 'id',
+      in: 'path',
+      required: true,
+      description: 'The id of an issued key.',
+      schema: { type: 'string', pattern: '^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$' },
+    },
+  },
+  schemas: SCHEMAS,
+  responses: {
+    Unauthorized: errorAnswer('A missing or wrong bearer token.', 401, 'Missing bearer token'),
+    Disabled: errorAnswer(
+      '`ADMIN_TOKEN` is not set: the admin API is disabled.',
+      403,
+      'The admin API is disabled: ADMIN_TOKEN is not set',
+    ),
+    NoSuchKey: errorAnswer('No key has this id.', 404, 'No key with id "acme-prod"'),
+    NoTable: errorAnswer('No valid limit table is loaded.', 503, 'No valid limit table is loaded'),
+    StoreUnavailable: errorAnswer('Redis cannot be reached.', 503, 'Counter store unavailable'),
   },
 };

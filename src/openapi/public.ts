@@ -57,12 +57,57 @@ const USAGE_HEADERS = [
 ] as const;
 
 export function publicOpenApi(table: LimitTable, options: PublicOpenApiOptions): OpenApiDocument {
+  const { paths, templates } = describePaths(table, options);
+  return {
+    openapi: OPENAPI_VERSION,
+    info: {
+      title: 'oapi-gateway public API',
+      version: options.version,
+      description: infoDescription(table, options.apiKeyHeader),
+      'x-limits': { hash: table.hash, timezone: table.timezone },
+    },
+    security: [{ ApiKey: [] }],
+    paths,
+    components: {
+      securitySchemes: {
+        ApiKey: {
+          type: 'apiKey',
+          in: 'header',
+          name: options.apiKeyHeader,
+          description: 'Your API key. Missing or not issued: `401`.',
+        },
+        ApiKeyQuery: {
+          type: 'apiKey',
+          in: 'query',
+          name: 'api_key',
+          description:
+            'On WebSocket routes only (a browser cannot set headers on a WebSocket): the key as a query parameter, removed before forwarding.',
+        },
+      },
+      parameters: parametersOf(templates.values()),
+      headers: HEADERS,
+      schemas: SCHEMAS,
+      responses: RESPONSES,
+    },
+  };
+}
+
+interface PathTemplate {
+  readonly path: string;
+  readonly names: string[];
+}
+
+/** One path item per path of the table, one operation per route. */
+function describePaths(
+  table: LimitTable,
+  options: PublicOpenApiOptions,
+): { paths: Record<string, OpenApiPathItem>; templates: Map<string, PathTemplate> } {
   const credentialKeys = new Set([...(options.credentialRoutes ?? DEFAULT_CREDENTIAL_ROUTES)].map(routeKeyOf));
   const hasPlans = table.plans.size > 0;
   const paths: Record<string, OpenApiPathItem> = {};
   // Paths that differ only in parameter names are one path to OpenAPI (and to the gateway's
   // matcher): the first route written for it names the parameters.
-  const templates = new Map<string, { path: string; names: string[] }>();
+  const templates = new Map<string, PathTemplate>();
   const getPaths = new Set<string>();
   for (const row of table.rows)
     for (const route of [row.route, ...row.also]) if (route.method === 'GET') getPaths.add(canonicalPath(route));
@@ -90,7 +135,10 @@ export function publicOpenApi(table: LimitTable, options: PublicOpenApiOptions):
       else item.get = operation;
     }
   }
+  return { paths, templates };
+}
 
+function parametersOf(templates: Iterable<PathTemplate>): Record<string, Json> {
   const parameters: Record<string, Json> = {
     RequestId: {
       name: 'X-Request-Id',
@@ -108,7 +156,7 @@ export function publicOpenApi(table: LimitTable, options: PublicOpenApiOptions):
       schema: { type: 'string', enum: ['websocket'] },
     },
   };
-  for (const { names } of templates.values()) {
+  for (const { names } of templates) {
     for (const name of names) {
       parameters[pathParameterName(name)] = {
         name,
@@ -119,113 +167,24 @@ export function publicOpenApi(table: LimitTable, options: PublicOpenApiOptions):
       };
     }
   }
-
-  return {
-    openapi: OPENAPI_VERSION,
-    info: {
-      title: 'oapi-gateway public API',
-      version: options.version,
-      description: infoDescription(table, options.apiKeyHeader),
-      'x-limits': { hash: table.hash, timezone: table.timezone },
-    },
-    security: [{ ApiKey: [] }],
-    paths,
-    components: {
-      securitySchemes: {
-        ApiKey: {
-          type: 'apiKey',
-          in: 'header',
-          name: options.apiKeyHeader,
-          description: 'Your API key. Missing or not issued: `401`.',
-        },
-        ApiKeyQuery: {
-          type: 'apiKey',
-          in: 'query',
-          name: 'api_key',
-          description:
-            'On WebSocket routes only (a browser cannot set headers on a WebSocket): the key as a query parameter, removed before forwarding.',
-        },
-      },
-      parameters,
-      headers: HEADERS,
-      schemas: SCHEMAS,
-      responses: RESPONSES,
-    },
-  };
+  return parameters;
 }
 
-function describeOperation(
-  table: LimitTable,
-  row: LimitRow,
-  route: Route,
-  how: { credential: boolean; hasPlans: boolean; operationId: string },
-): OpenApiOperation {
+interface OperationKind {
+  readonly credential: boolean;
+  readonly hasPlans: boolean;
+  readonly operationId: string;
+}
+
+function describeOperation(table: LimitTable, row: LimitRow, route: Route, how: OperationKind): OpenApiOperation {
   const ws = route.method === 'WS';
-  const unit = ws ? 'connections opened' : 'requests';
-  const lines = [
-    `Counted per API key against the row \`${row.route.text}\` (${row.name}): ${row.limits.perHour} ${unit} per clock hour and ${row.limits.perDay} per day${how.hasPlans ? ', or the numbers of the key’s plan (`x-ratelimit`)' : ''}.`,
-  ];
-  const sharing = [row.route, ...row.also].filter((r) => r !== route).map((r) => `\`${r.text}\``);
-  if (sharing.length) lines.push(`Shares these counters with ${sharing.join(', ')}.`);
-  if (row.shadow) lines.push('A shadow row: counted and reported in the usage headers, never refused.');
-  if (ws)
-    lines.push(
-      'A WebSocket channel: send a `GET` with `Upgrade: websocket`. The `101` carries the usage headers; frames then flow both ways untouched. A refusal is an HTTP answer to the upgrade, and no socket is opened.',
-    );
-  if (how.credential)
-    lines.push(
-      'The body must be a JSON object with non-empty string `username` and `password` (`415` without `Content-Type: application/json`, `400` otherwise). A failed login is the bridge’s own error body, passed through.',
-    );
-
-  const numbers = (limits: RowLimits): { per_hour: number; per_day: number } => ({
-    per_hour: limits.perHour,
-    per_day: limits.perDay,
-  });
-  const rateLimit: RateLimitExtension = {
-    ...numbers(row.limits),
-    ...(how.hasPlans
-      ? {
-          plans: Object.fromEntries(
-            [...table.plans.keys()].map((plan) => [plan, numbers(limitsFor(table, row, plan))]),
-          ),
-        }
-      : {}),
-  };
-
-  const responses: Record<string, Json> = ws
-    ? {
-        '101': ref('responses', 'SwitchingProtocols'),
-        '400': ref('responses', 'BadRequest'),
-        '401': ref('responses', 'Unauthorized'),
-        '404': ref('responses', 'NotFound'),
-        '426': ref('responses', 'UpgradeRequired'),
-        '429': ref('responses', 'TooManyRequests'),
-        '502': ref('responses', 'BadGateway'),
-        '503': ref('responses', 'ServiceUnavailable'),
-        '504': ref('responses', 'GatewayTimeout'),
-      }
-    : {
-        '200': ref('responses', how.credential ? 'TokenSet' : 'BridgeAnswer'),
-        '400': ref('responses', how.credential ? 'CredentialsBadRequest' : 'BadRequest'),
-        '401': ref('responses', 'Unauthorized'),
-        '404': ref('responses', 'NotFound'),
-        '405': ref('responses', 'MethodNotAllowed'),
-        '413': ref('responses', 'ContentTooLarge'),
-        ...(how.credential ? { '415': ref('responses', 'UnsupportedMediaType') } : {}),
-        '429': ref('responses', 'TooManyRequests'),
-        '502': ref('responses', 'BadGateway'),
-        '503': ref('responses', 'ServiceUnavailable'),
-        '504': ref('responses', 'GatewayTimeout'),
-        default: ref('responses', 'BridgeAnswer'),
-      };
-
   const operation: OpenApiOperation = {
     operationId: how.operationId,
     summary: row.name,
-    description: lines.join('\n\n'),
+    description: operationText(row, route, how),
     parameters: ws ? [ref('parameters', 'Upgrade'), ref('parameters', 'RequestId')] : [ref('parameters', 'RequestId')],
-    responses,
-    'x-ratelimit': rateLimit,
+    responses: responsesOf(ws, how.credential),
+    'x-ratelimit': rateLimitOf(table, row, how.hasPlans),
   };
   if (how.credential) {
     operation.requestBody = { required: true, content: jsonContent(ref('schemas', 'Credentials')) };
@@ -243,6 +202,75 @@ function describeOperation(
   if (route !== row.route) operation['x-ratelimit-row'] = row.route.text;
   if (row.shadow) operation['x-ratelimit-shadow'] = true;
   return operation;
+}
+
+function operationText(row: LimitRow, route: Route, how: OperationKind): string {
+  const ws = route.method === 'WS';
+  const unit = ws ? 'connections opened' : 'requests';
+  const lines = [
+    `Counted per API key against the row \`${row.route.text}\` (${row.name}): ${row.limits.perHour} ${unit} per clock hour and ${row.limits.perDay} per day${how.hasPlans ? ', or the numbers of the key’s plan (`x-ratelimit`)' : ''}.`,
+  ];
+  const sharing = [row.route, ...row.also].filter((r) => r !== route).map((r) => `\`${r.text}\``);
+  if (sharing.length) lines.push(`Shares these counters with ${sharing.join(', ')}.`);
+  if (row.shadow) lines.push('A shadow row: counted and reported in the usage headers, never refused.');
+  if (ws)
+    lines.push(
+      'A WebSocket channel: send a `GET` with `Upgrade: websocket`. The `101` carries the usage headers; frames then flow both ways untouched. A refusal is an HTTP answer to the upgrade, and no socket is opened.',
+    );
+  if (how.credential)
+    lines.push(
+      'The body must be a JSON object with non-empty string `username` and `password` (`415` without `Content-Type: application/json`, `400` otherwise). A failed login is the bridge’s own error body, passed through.',
+    );
+  return lines.join('\n\n');
+}
+
+function rateLimitOf(table: LimitTable, row: LimitRow, hasPlans: boolean): RateLimitExtension {
+  const numbers = (limits: RowLimits): { per_hour: number; per_day: number } => ({
+    per_hour: limits.perHour,
+    per_day: limits.perDay,
+  });
+  return {
+    ...numbers(row.limits),
+    ...(hasPlans
+      ? {
+          plans: Object.fromEntries(
+            [...table.plans.keys()].map((plan) => [plan, numbers(limitsFor(table, row, plan))]),
+          ),
+        }
+      : {}),
+  };
+}
+
+function responsesOf(ws: boolean, credential: boolean): Record<string, Json> {
+  const gateway = {
+    '401': ref('responses', 'Unauthorized'),
+    '404': ref('responses', 'NotFound'),
+  };
+  const tail = {
+    '429': ref('responses', 'TooManyRequests'),
+    '502': ref('responses', 'BadGateway'),
+    '503': ref('responses', 'ServiceUnavailable'),
+    '504': ref('responses', 'GatewayTimeout'),
+  };
+  if (ws) {
+    return {
+      '101': ref('responses', 'SwitchingProtocols'),
+      '400': ref('responses', 'BadRequest'),
+      ...gateway,
+      '426': ref('responses', 'UpgradeRequired'),
+      ...tail,
+    };
+  }
+  return {
+    '200': ref('responses', credential ? 'TokenSet' : 'BridgeAnswer'),
+    '400': ref('responses', credential ? 'CredentialsBadRequest' : 'BadRequest'),
+    ...gateway,
+    '405': ref('responses', 'MethodNotAllowed'),
+    '413': ref('responses', 'ContentTooLarge'),
+    ...(credential ? { '415': ref('responses', 'UnsupportedMediaType') } : {}),
+    ...tail,
+    default: ref('responses', 'BridgeAnswer'),
+  };
 }
 
 function infoDescription(table: LimitTable, apiKeyHeader: string): string {

@@ -50,19 +50,7 @@ export function createPublicServer(
         headers: { 'Content-Type': 'application/json' },
       }),
   });
-  const server = http.createServer({
-    maxHeaderSize: settings.maxHeaderBytes,
-    headersTimeout: settings.headersTimeoutMs,
-    requestTimeout: settings.requestTimeoutMs,
-    // Node checks both timeouts only this often (30 s by default, far longer than the timeouts themselves).
-    connectionsCheckingInterval: Math.max(
-      50,
-      Math.min(1000, Math.floor(Math.min(settings.headersTimeoutMs, settings.requestTimeoutMs) / 4)),
-    ),
-    keepAliveTimeout: 5000,
-    // The gate answers a request without Host in the gateway's own shape.
-    requireHostHeader: false,
-  });
+  const server = http.createServer(serverOptions(settings));
   // Every header line the parser reads is kept, so the framing it used is framing the gateway sees;
   // MAX_HEADER_COUNT bounds them instead (the gate).
   server.maxHeadersCount = 0;
@@ -70,21 +58,10 @@ export function createPublicServer(
   // once. (An undocumented switch of Node's http.Server, read by its end-of-input handler since Node 0.x;
   // the half-open tests in test/integration/hostile-smuggling.test.ts pin it.)
   (server as http.Server & { httpAllowHalfOpen: boolean }).httpAllowHalfOpen = true;
-
-  /** Answers of each connection that are not complete yet, in the order their requests came. */
-  const open = new WeakMap<Duplex, Set<ServerResponse>>();
-  let inFlight = 0;
-  function answerClosed(this: ServerResponse): void {
-    inFlight--;
-    open.get(this.req.socket)?.delete(this);
-  }
+  const answers = new OpenAnswers();
 
   server.on('request', function gatedRequest(req: IncomingMessage, res: ServerResponse) {
-    inFlight++;
-    let answers = open.get(req.socket);
-    if (!answers) open.set(req.socket, (answers = new Set()));
-    answers.add(res);
-    res.once('close', answerClosed);
+    answers.track(req, res);
     const refusal = gateRefusal(req, settings.maxHeaderCount);
     if (refusal) {
       logger.debug({ status: refusal.status, reason: refusal.message }, 'request refused at the gate');
@@ -110,9 +87,69 @@ export function createPublicServer(
     answerAndLinger(socket, 501, 'CONNECT is not supported');
   });
 
+  server.on('clientError', clientErrorHandler(answers, logger));
+  return { server, inFlight: () => answers.inFlight };
+}
+
+function serverOptions(settings: ServerSettings): http.ServerOptions {
+  return {
+    maxHeaderSize: settings.maxHeaderBytes,
+    headersTimeout: settings.headersTimeoutMs,
+    requestTimeout: settings.requestTimeoutMs,
+    // Node checks both timeouts only this often (30 s by default, far longer than the timeouts themselves).
+    connectionsCheckingInterval: Math.max(
+      50,
+      Math.min(1000, Math.floor(Math.min(settings.headersTimeoutMs, settings.requestTimeoutMs) / 4)),
+    ),
+    keepAliveTimeout: 5000,
+    // The gate answers a request without Host in the gateway's own shape.
+    requireHostHeader: false,
+  };
+}
+
+/** The answers of each connection that are not complete yet, in the order their requests came. */
+class OpenAnswers {
+  readonly #open = new WeakMap<Duplex, Set<ServerResponse>>();
+  inFlight = 0;
+
+  track(req: IncomingMessage, res: ServerResponse): void {
+    this.inFlight++;
+    let answers = this.#open.get(req.socket);
+    if (!answers) this.#open.set(req.socket, (answers = new Set()));
+    answers.add(res);
+    res.once('close', this.#closed);
+  }
+
+  pending(socket: Duplex): Exchange[] {
+    return [...(this.#open.get(socket) ?? [])].map((res) => ({ req: res.req, res }));
+  }
+
+  /** One listener for every answer: Node calls it with the answer as `this`. */
+  readonly #closed: (this: ServerResponse) => void;
+
+  constructor() {
+    const open = this.#open;
+    const count = (by: number): void => {
+      this.inFlight += by;
+    };
+    this.#closed = function answerClosed(this: ServerResponse) {
+      count(-1);
+      open.get(this.req.socket)?.delete(this);
+    };
+  }
+}
+
+/**
+ * Node's parser failed on a connection. The request whose own bytes broke off is refused at once;
+ * a failure in a request that follows complete ones still being answered waits for their answers.
+ */
+function clientErrorHandler(
+  answers: OpenAnswers,
+  logger: Logger,
+): (err: NodeJS.ErrnoException, socket: Duplex) => void {
   /** Connections whose parser failed: the first failure is the one answered. */
   const failed = new WeakSet<Duplex>();
-  server.on('clientError', function onClientError(err: NodeJS.ErrnoException, socket: Duplex) {
+  return function onClientError(err, socket) {
     if (failed.has(socket)) return;
     failed.add(socket);
     if (err.code === 'ECONNRESET' || !socket.writable) {
@@ -121,7 +158,7 @@ export function createPublicServer(
     }
     const [status, message] = clientErrorAnswer(err.code);
     logger.debug({ code: err.code, status }, 'client error');
-    const pending: Exchange[] = [...(open.get(socket) ?? [])].map((res) => ({ req: res.req, res }));
+    const pending = answers.pending(socket);
     // A request whose own bytes broke off (or stopped coming) can never be answered by a bridge.
     const broken = pending.find((e) => !e.req.complete);
     if (broken) {
@@ -141,9 +178,7 @@ export function createPublicServer(
     last.res.prependOnceListener('finish', () => {
       if (last.res.shouldKeepAlive && socket.writable) answerAndLinger(socket, status, message);
     });
-  });
-
-  return { server, inFlight: () => inFlight };
+  };
 }
 
 /**

@@ -37,7 +37,7 @@ describe('the shipped limits.yaml', () => {
     expect(result.table.rows.every((r) => !r.shadow)).toBe(true);
   });
 
-  it('counts the specification's two token operations on the POST /auth/token row', async () => {
+  it('counts the two token operations of the specification on the POST /auth/token row', async () => {
     const result = await readLimitsFile('limits.yaml');
     if (!result.ok) throw new Error('invalid');
     const auth = result.table.rows[0];
