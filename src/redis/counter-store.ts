@@ -1,5 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import type { Cluster, Redis } from 'ioredis';
+import { CONSUME_SCRIPT, MERGE_SCRIPT, mergeArgs, pushConsumeArgs } from '../limits/count-rules.js';
 import {
   MergeFailedError,
   type ConsumeRequest,
@@ -36,72 +37,6 @@ import { toStoreError } from './errors.js';
  * same connection, so after the doubtful call if that ever runs.
  */
 
-/** Calls remembered per counter: far more than one instance ever has in doubt on one counter. */
-const RECEIPTS_KEPT = 8;
-/** Arguments of a call before its requests' own: hourStart, dayStart, expireAt (one call counts in one pair of windows). */
-const SHARED_ARGS = 3;
-/** Arguments per request: hourLimit, dayLimit, force. */
-const ARGS_PER_KEY = 3;
-/** Arguments per merged counter: hourStart, hour, dayStart, day, expireAt. */
-const ARGS_PER_MERGE = 5;
-
-// The rule of countStep() in limits/store.ts, for every request of a call: windows only move
-// forward, a refusal writes nothing. KEYS: one counter per request (repeats allowed); ARGV: the
-// windows every request of the call counts in (hourStart, dayStart, expireAt), three arguments per
-// request (hourLimit, dayLimit, force), then the call's receipt. Answers three numbers per request:
-// allowed, hour count, day count. Each counter is read once and written once.
-const CONSUME_SCRIPT = `
-local hs = tonumber(ARGV[1])
-local ds = tonumber(ARGV[2])
-local expireAt = ARGV[3]
-local receipt = ARGV[#KEYS * ${ARGS_PER_KEY} + ${SHARED_ARGS} + 1]
-local counters = {}
-local order = {}
-local out = {}
-for i = 1, #KEYS do
-  local key = KEYS[i]
-  local a = ${SHARED_ARGS} + (i - 1) * ${ARGS_PER_KEY}
-  local c = counters[key]
-  if not c then
-    local v = redis.call('HMGET', key, 'hs', 'hc', 'ds', 'dc', 'rc')
-    c = { hs = tonumber(v[1]), hc = tonumber(v[2]) or 0, ds = tonumber(v[3]), dc = tonumber(v[4]) or 0, rc = v[5] or '', added = 0 }
-    counters[key] = c
-    order[#order + 1] = key
-  end
-  local hc, dc = c.hc, c.dc
-  if not c.hs or c.hs < hs then hc = 0 end
-  if not c.ds or c.ds < ds then dc = 0 end
-  if ARGV[a + 3] ~= '1' and (hc >= tonumber(ARGV[a + 1]) or dc >= tonumber(ARGV[a + 2])) then
-    out[#out + 1] = 0
-  else
-    if not c.hs or c.hs < hs then c.hs = hs end
-    if not c.ds or c.ds < ds then c.ds = ds; c.newDay = true end
-    hc = hc + 1
-    dc = dc + 1
-    c.hc, c.dc = hc, dc
-    c.added = c.added + 1
-    out[#out + 1] = 1
-  end
-  out[#out + 1] = hc
-  out[#out + 1] = dc
-end
-for _, key in ipairs(order) do
-  local c = counters[key]
-  if c.added > 0 then
-    local rc = receipt .. ':' .. c.added .. ',' .. c.rc
-    local cut = 0
-    for _ = 1, ${RECEIPTS_KEPT} do
-      cut = string.find(rc, ',', cut + 1, true)
-      if not cut then break end
-    end
-    if cut then rc = string.sub(rc, 1, cut) end
-    redis.call('HSET', key, 'hs', c.hs, 'hc', c.hc, 'ds', c.ds, 'dc', c.dc, 'rc', rc)
-    if c.newDay then redis.call('PEXPIREAT', key, expireAt) end
-  end
-end
-return out
-`;
-
 // Takes back the units a call added to a counter, if (and only if) its receipt is recorded there.
 // ARGV: receipt, hourStart, dayStart (the windows the call counted in).
 const UNDO_SCRIPT = `
@@ -120,23 +55,6 @@ redis.call('HSET', KEYS[1], 'hc', hc, 'dc', dc, 'rc', rc)
 return units
 `;
 
-// The rule of mergeStep() in limits/store.ts. KEYS: distinct counters; ARGV: five arguments per
-// counter: hourStart, hour units, dayStart, day units, expireAt. Receipts ('rc') are left as they are.
-const MERGE_SCRIPT = `
-for i = 1, #KEYS do
-  local a = (i - 1) * ${ARGS_PER_MERGE}
-  local v = redis.call('HMGET', KEYS[i], 'hs', 'hc', 'ds', 'dc')
-  local hs, hc = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  local ds, dc = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
-  local shs, sds = tonumber(v[1]), tonumber(v[3])
-  if shs and shs > hs then hs, hc = shs, tonumber(v[2]) or 0 elseif shs == hs then hc = hc + (tonumber(v[2]) or 0) end
-  local newDay = not sds or sds < ds
-  if sds and sds > ds then ds, dc = sds, tonumber(v[4]) or 0 elseif sds == ds then dc = dc + (tonumber(v[4]) or 0) end
-  redis.call('HSET', KEYS[i], 'hs', hs, 'hc', hc, 'ds', ds, 'dc', dc)
-  if newDay then redis.call('PEXPIREAT', KEYS[i], ARGV[a + 5]) end
-end
-return #KEYS
-`;
 /** Counters per merge call on a single Redis: a bound on how long one script holds Redis. */
 const MERGE_CHUNK = 200;
 
@@ -220,11 +138,8 @@ export class RedisCounterStore implements CounterStore {
   /** One script call for the whole batch: its counters, its windows, three arguments per counter, the call's receipt. */
   #run(batch: readonly Pending[]): void {
     const receipt = this.#instance + (this.#sequence++).toString(36);
-    const { hourStart, dayStart, expireAt } = (batch[0] as Pending).request;
     const keysThenArgs: Array<string | number> = batch.map((p) => p.key);
-    keysThenArgs.push(hourStart, dayStart, expireAt);
-    for (const { request: r } of batch) keysThenArgs.push(r.hourLimit, r.dayLimit, r.force ? '1' : '0');
-    keysThenArgs.push(receipt);
+    pushConsumeArgs(keysThenArgs, batch, receipt);
     const [firstKey, ...rest] = keysThenArgs as [string, ...Array<string | number>];
     const reply =
       batch.length === 1
@@ -295,7 +210,6 @@ export class RedisCounterStore implements CounterStore {
    * sent, and the error names the entries certainly not added: those of the waves not sent.
    */
   async merge(entries: readonly MergeEntry[]): Promise<void> {
-    const argsOf = (e: MergeEntry): number[] => [e.hourStart, e.hour, e.dayStart, e.day, e.expireAt];
     const keyOf = (e: MergeEntry): string => this.counterKey(e.keyHash, e.counterId);
     const notApplied: MergeEntry[] = [];
     let failure: StoreUnavailableError | undefined;
@@ -306,8 +220,8 @@ export class RedisCounterStore implements CounterStore {
         continue;
       }
       const calls = this.#batching
-        ? [this.#client.oapiMergeMany(wave.length, ...wave.map(keyOf), ...wave.flatMap(argsOf))]
-        : wave.map((e) => this.#client.oapiMerge(keyOf(e), ...argsOf(e)));
+        ? [this.#client.oapiMergeMany(wave.length, ...wave.map(keyOf), ...wave.flatMap(mergeArgs))]
+        : wave.map((e) => this.#client.oapiMerge(keyOf(e), ...mergeArgs(e)));
       // A failed call may have added some of its counters (a script stopped by an error keeps
       // the writes it made), so only the waves never sent count as not applied.
       const results = await Promise.allSettled(calls);
