@@ -1,4 +1,3 @@
-import { randomBytes } from 'node:crypto';
 import type { Cluster, Redis } from 'ioredis';
 import { CONSUME_SCRIPT, MERGE_SCRIPT, mergeArgs, pushConsumeArgs } from '../limits/count-rules.js';
 import {
@@ -13,6 +12,7 @@ import {
 } from '../limits/store.js';
 import type { RedisClient } from './connection.js';
 import { toStoreError } from './errors.js';
+import { ReceiptLedger } from './receipt-ledger.js';
 
 /**
  * Counters in Redis, shared by every gateway instance: one hash per (API key, row) with the
@@ -37,24 +37,6 @@ import { toStoreError } from './errors.js';
  * same connection, so after the doubtful call if that ever runs.
  */
 
-// Takes back the units a call added to a counter, if (and only if) its receipt is recorded there.
-// ARGV: receipt, hourStart, dayStart (the windows the call counted in).
-const UNDO_SCRIPT = `
-local v = redis.call('HMGET', KEYS[1], 'hs', 'hc', 'ds', 'dc', 'rc')
-if not v[5] then return 0 end
-local s, e = string.find(',' .. v[5], ',' .. ARGV[1] .. ':', 1, true)
-if not s then return 0 end
-local stop = string.find(v[5], ',', e, true)
-local units = tonumber(string.sub(v[5], e, stop - 1))
-local rc = string.sub(v[5], 1, s - 1) .. string.sub(v[5], stop + 1)
-local hc = tonumber(v[2])
-local dc = tonumber(v[4])
-if tonumber(v[1]) == tonumber(ARGV[2]) then hc = math.max(0, hc - units) end
-if tonumber(v[3]) == tonumber(ARGV[3]) then dc = math.max(0, dc - units) end
-redis.call('HSET', KEYS[1], 'hc', hc, 'dc', dc, 'rc', rc)
-return units
-`;
-
 /** Counters per merge call on a single Redis: a bound on how long one script holds Redis. */
 const MERGE_CHUNK = 200;
 
@@ -65,50 +47,34 @@ interface Pending {
   readonly reject: (err: StoreUnavailableError) => void;
 }
 
-/** A call whose outcome is unknown: the windows it counted in, per counter. */
-type InDoubt = Map<string, { readonly hourStart: number; readonly dayStart: number }>;
-
 interface ScriptCommands {
   /** One counter: its key, the windows, its three arguments, the receipt. */
   oapiConsume(key: string, ...args: Array<string | number>): Promise<number[]>;
   /** `numberOfKeys`, the counters, the windows, three arguments per counter, the receipt. */
   oapiConsumeMany(numberOfKeys: number, ...keysThenArgs: Array<string | number>): Promise<number[]>;
-  oapiUndo(key: string, receipt: string, hourStart: number, dayStart: number): Promise<number>;
   oapiMerge(key: string, ...args: number[]): Promise<number>;
   oapiMergeMany(numberOfKeys: number, ...keysThenArgs: Array<string | number>): Promise<number>;
 }
-
-/** Calls in doubt remembered at most; beyond, the oldest are given up (their units may stay counted twice). */
-const MAX_IN_DOUBT = 10_000;
-const RECONCILE_EVERY_MS = 500;
 
 export class RedisCounterStore implements CounterStore {
   readonly #client: RedisClient & ScriptCommands;
   readonly #prefix: string;
   readonly #batching: boolean;
   #batch: Pending[] = [];
-  /** Receipt prefix of this store: receipts of different instances never collide. */
-  readonly #instance = randomBytes(5).toString('base64url');
-  #sequence = 0;
-  readonly #inDoubt = new Map<string, InDoubt>();
-  #reconciling: Promise<void> | undefined;
-  #reconcileTimer: NodeJS.Timeout | undefined;
+  readonly #ledger: ReceiptLedger;
 
   constructor(client: RedisClient, prefix: string) {
     // The same script twice: with one key (ioredis routes it by that key on a Cluster), and
     // with the number of keys given per call, for a batch.
     client.defineCommand('oapiConsume', { numberOfKeys: 1, lua: CONSUME_SCRIPT });
     client.defineCommand('oapiConsumeMany', { lua: CONSUME_SCRIPT });
-    client.defineCommand('oapiUndo', { numberOfKeys: 1, lua: UNDO_SCRIPT });
     client.defineCommand('oapiMerge', { numberOfKeys: 1, lua: MERGE_SCRIPT });
     client.defineCommand('oapiMergeMany', { lua: MERGE_SCRIPT });
     this.#client = client as RedisClient & ScriptCommands;
     this.#prefix = prefix;
     this.#batching = !(client as Cluster).isCluster;
-    client.on('ready', this.#onReady);
+    this.#ledger = new ReceiptLedger(client);
   }
-
-  readonly #onReady = (): void => void this.reconcile();
 
   counterKey(keyHash: string, counterId: string): string {
     return `${this.#prefix}c:{${keyHash}}:${counterId}`;
@@ -137,7 +103,7 @@ export class RedisCounterStore implements CounterStore {
 
   /** One script call for the whole batch: its counters, its windows, three arguments per counter, the call's receipt. */
   #run(batch: readonly Pending[]): void {
-    const receipt = this.#instance + (this.#sequence++).toString(36);
+    const receipt = this.#ledger.issue();
     const keysThenArgs: Array<string | number> = batch.map((p) => p.key);
     pushConsumeArgs(keysThenArgs, batch, receipt);
     const [firstKey, ...rest] = keysThenArgs as [string, ...Array<string | number>];
@@ -156,51 +122,16 @@ export class RedisCounterStore implements CounterStore {
         );
       },
       (err: unknown) => {
-        const failure = this.#failed(receipt, batch, err);
+        const { hourStart, dayStart } = (batch[0] as Pending).request;
+        const failure = this.#ledger.failed(receipt, { keys: batch.map((p) => p.key), hourStart, dayStart }, err);
         for (const pending of batch) pending.reject(failure);
       },
     );
   }
 
-  /** A call failed: unless Redis refused the script outright, it may have counted. */
-  #failed(receipt: string, batch: readonly Pending[], err: unknown): StoreUnavailableError {
-    const failure = toStoreError(err);
-    if (failure.kind === 'reply') return failure;
-    if (this.#inDoubt.size >= MAX_IN_DOUBT) this.#inDoubt.delete(this.#inDoubt.keys().next().value as string);
-    const counters: InDoubt = new Map();
-    for (const { key, request } of batch)
-      counters.set(key, { hourStart: request.hourStart, dayStart: request.dayStart });
-    this.#inDoubt.set(receipt, counters);
-    this.#reconcileTimer ??= setInterval(() => void this.reconcile(), RECONCILE_EVERY_MS).unref();
-    // A timed-out call is still queued on a live connection: the undo goes right behind it.
-    if (failure.kind === 'timeout') void this.reconcile();
-    return failure;
-  }
-
   /** Takes back the units of doubtful calls that Redis did count. Safe to call at any time. */
   reconcile(): Promise<void> {
-    if (this.#inDoubt.size === 0 || this.#client.status !== 'ready') return Promise.resolve();
-    this.#reconciling ??= (async () => {
-      const pending = [...this.#inDoubt];
-      try {
-        // Commands of one connection run in order, so each undo runs after its doubtful call (if that ever runs).
-        await Promise.all(
-          pending.flatMap(([receipt, counters]) =>
-            [...counters].map(([key, w]) => this.#client.oapiUndo(key, receipt, w.hourStart, w.dayStart)),
-          ),
-        );
-        for (const [receipt] of pending) this.#inDoubt.delete(receipt);
-        if (this.#inDoubt.size === 0) {
-          clearInterval(this.#reconcileTimer);
-          this.#reconcileTimer = undefined;
-        }
-      } catch {
-        // Redis is away again (or the undo timed out behind a slow Redis, where it still runs): the next attempt settles it.
-      } finally {
-        this.#reconciling = undefined;
-      }
-    })();
-    return this.#reconciling;
+    return this.#ledger.reconcile();
   }
 
   /**
@@ -260,8 +191,7 @@ export class RedisCounterStore implements CounterStore {
   }
 
   close(): void {
-    clearInterval(this.#reconcileTimer);
-    this.#client.off('ready', this.#onReady);
+    this.#ledger.close();
   }
 }
 
