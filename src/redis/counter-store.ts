@@ -1,7 +1,6 @@
 import type { Cluster, Redis } from 'ioredis';
-import { CONSUME_SCRIPT, MERGE_SCRIPT, mergeArgs, pushConsumeArgs } from '../limits/count-rules.js';
+import { CONSUME_SCRIPT, pushConsumeArgs } from '../limits/count-rules.js';
 import {
-  MergeFailedError,
   type ConsumeRequest,
   type CounterStore,
   type Counts,
@@ -12,6 +11,7 @@ import {
 } from '../limits/store.js';
 import type { RedisClient } from './connection.js';
 import { toStoreError } from './errors.js';
+import { OutageMerge } from './outage-merge.js';
 import { ReceiptLedger } from './receipt-ledger.js';
 
 /**
@@ -37,9 +37,6 @@ import { ReceiptLedger } from './receipt-ledger.js';
  * same connection, so after the doubtful call if that ever runs.
  */
 
-/** Counters per merge call on a single Redis: a bound on how long one script holds Redis. */
-const MERGE_CHUNK = 200;
-
 interface Pending {
   readonly key: string;
   readonly request: ConsumeRequest;
@@ -52,8 +49,6 @@ interface ScriptCommands {
   oapiConsume(key: string, ...args: Array<string | number>): Promise<number[]>;
   /** `numberOfKeys`, the counters, the windows, three arguments per counter, the receipt. */
   oapiConsumeMany(numberOfKeys: number, ...keysThenArgs: Array<string | number>): Promise<number[]>;
-  oapiMerge(key: string, ...args: number[]): Promise<number>;
-  oapiMergeMany(numberOfKeys: number, ...keysThenArgs: Array<string | number>): Promise<number>;
 }
 
 export class RedisCounterStore implements CounterStore {
@@ -62,18 +57,18 @@ export class RedisCounterStore implements CounterStore {
   readonly #batching: boolean;
   #batch: Pending[] = [];
   readonly #ledger: ReceiptLedger;
+  readonly #merge: OutageMerge;
 
   constructor(client: RedisClient, prefix: string) {
     // The same script twice: with one key (ioredis routes it by that key on a Cluster), and
     // with the number of keys given per call, for a batch.
     client.defineCommand('oapiConsume', { numberOfKeys: 1, lua: CONSUME_SCRIPT });
     client.defineCommand('oapiConsumeMany', { lua: CONSUME_SCRIPT });
-    client.defineCommand('oapiMerge', { numberOfKeys: 1, lua: MERGE_SCRIPT });
-    client.defineCommand('oapiMergeMany', { lua: MERGE_SCRIPT });
     this.#client = client as RedisClient & ScriptCommands;
     this.#prefix = prefix;
     this.#batching = !(client as Cluster).isCluster;
     this.#ledger = new ReceiptLedger(client);
+    this.#merge = new OutageMerge(client, (e) => this.counterKey(e.keyHash, e.counterId));
   }
 
   counterKey(keyHash: string, counterId: string): string {
@@ -134,31 +129,9 @@ export class RedisCounterStore implements CounterStore {
     return this.#ledger.reconcile();
   }
 
-  /**
-   * In waves of MERGE_CHUNK counters, one after the other, so that requests counted meanwhile
-   * never queue behind a long merge: on a single Redis one script call per wave, on a Cluster
-   * one per counter (a script's keys must share a slot). After a failed call no further wave is
-   * sent, and the error names the entries certainly not added: those of the waves not sent.
-   */
-  async merge(entries: readonly MergeEntry[]): Promise<void> {
-    const keyOf = (e: MergeEntry): string => this.counterKey(e.keyHash, e.counterId);
-    const notApplied: MergeEntry[] = [];
-    let failure: StoreUnavailableError | undefined;
-    for (let i = 0; i < entries.length; i += MERGE_CHUNK) {
-      const wave = entries.slice(i, i + MERGE_CHUNK);
-      if (failure) {
-        notApplied.push(...wave);
-        continue;
-      }
-      const calls = this.#batching
-        ? [this.#client.oapiMergeMany(wave.length, ...wave.map(keyOf), ...wave.flatMap(mergeArgs))]
-        : wave.map((e) => this.#client.oapiMerge(keyOf(e), ...mergeArgs(e)));
-      // A failed call may have added some of its counters (a script stopped by an error keeps
-      // the writes it made), so only the waves never sent count as not applied.
-      const results = await Promise.allSettled(calls);
-      for (const result of results) if (result.status === 'rejected') failure ??= toStoreError(result.reason);
-    }
-    if (failure) throw new MergeFailedError(failure, notApplied);
+  /** Adds units counted during an outage, in waves (see OutageMerge). */
+  merge(entries: readonly MergeEntry[]): Promise<void> {
+    return this.#merge.merge(entries);
   }
 
   async usage(keyHash: string, rows: ReadonlyArray<{ readonly counterId: string } & WindowIds>): Promise<Usage[]> {

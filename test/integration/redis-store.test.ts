@@ -1,7 +1,7 @@
 import { afterAll, describe, expect, it } from 'vitest';
 import { RedisCounterStore } from '../../src/redis/counter-store.js';
 import { createRedisClient } from '../../src/redis/connection.js';
-import { MergeFailedError, StoreUnavailableError, type MergeEntry } from '../../src/limits/store.js';
+import { StoreUnavailableError } from '../../src/limits/store.js';
 import { describeCounterStore, request } from '../helpers/store-contract.js';
 import { REDIS_URL, redisClient, startRedisServer, uniquePrefix } from '../helpers/redis.js';
 
@@ -89,84 +89,6 @@ describe('RedisCounterStore in Redis', () => {
     pauser.disconnect();
     c.disconnect();
     await own.stop();
-  });
-
-  it('merges into a new counter with the expiry of its day, and keeps the receipts of one it merges into', async () => {
-    const store = new RedisCounterStore(client, prefix);
-    const r = request({ keyHash: 'merge-new' });
-    await store.merge([
-      {
-        keyHash: 'merge-new',
-        counterId: r.counterId,
-        hourStart: r.hourStart,
-        hour: 2,
-        dayStart: r.dayStart,
-        day: 3,
-        expireAt: r.expireAt,
-      },
-    ]);
-    const inspect = redisClient();
-    const key = store.counterKey('merge-new', r.counterId);
-    expect(await inspect.hgetall(key)).toEqual({ hs: String(r.hourStart), hc: '2', ds: String(r.dayStart), dc: '3' });
-    expect(await inspect.pexpiretime(key)).toBe(r.expireAt);
-    await store.consume(r);
-    const receipts = await inspect.hget(key, 'rc');
-    await store.merge([
-      {
-        keyHash: 'merge-new',
-        counterId: r.counterId,
-        hourStart: r.hourStart,
-        hour: 1,
-        dayStart: r.dayStart,
-        day: 1,
-        expireAt: r.expireAt,
-      },
-    ]);
-    expect(await inspect.hgetall(key)).toEqual({
-      hs: String(r.hourStart),
-      hc: '4',
-      ds: String(r.dayStart),
-      dc: '5',
-      rc: receipts,
-    });
-    inspect.disconnect();
-  });
-
-  it('merges many counters in waves of 200, and after a failed wave sends no other, naming those it never sent', async () => {
-    const store = new RedisCounterStore(client, prefix);
-    const r = request();
-    const entries = (tag: string, n: number): MergeEntry[] =>
-      Array.from({ length: n }, (_, i) => ({
-        keyHash: `${tag}${i}`,
-        counterId: r.counterId,
-        hourStart: r.hourStart,
-        hour: 1,
-        dayStart: r.dayStart,
-        day: 1,
-        expireAt: r.expireAt,
-      }));
-    const usedBy = (e: MergeEntry) =>
-      store.usage(e.keyHash, [{ counterId: e.counterId, hourStart: r.hourStart, dayStart: r.dayStart }]);
-
-    const many = entries('waves', 450);
-    await store.merge(many);
-    for (const e of [many[0], many[199], many[200], many[449]] as MergeEntry[])
-      expect(await usedBy(e)).toEqual([{ hour: 1, day: 1 }]);
-
-    // A key of the wrong type in the second wave stops that wave's script: the third is never sent.
-    const broken = entries('broken', 650);
-    const inspect = redisClient();
-    await inspect.set(store.counterKey((broken[250] as MergeEntry).keyHash, r.counterId), 'not a hash');
-    inspect.disconnect();
-    const failure = await store.merge(broken).then(
-      () => undefined,
-      (err: unknown) => err,
-    );
-    expect(failure).toBeInstanceOf(MergeFailedError);
-    expect((failure as MergeFailedError).kind).toBe('reply');
-    expect((failure as MergeFailedError).notApplied).toEqual(broken.slice(400));
-    expect(await usedBy(broken[0] as MergeEntry)).toEqual([{ hour: 1, day: 1 }]);
-    expect(await usedBy(broken[400] as MergeEntry)).toEqual([{ hour: 0, day: 0 }]);
   });
 
   it('runs one Lua script per consume, reading and writing with two commands', async () => {
