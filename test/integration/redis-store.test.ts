@@ -31,28 +31,6 @@ describe('RedisCounterStore in Redis', () => {
     inspect.disconnect();
   });
 
-  it('counts requests of one turn in their own windows when a window boundary falls between them (they go in separate calls)', async () => {
-    const store = new RedisCounterStore(client, prefix);
-    const before = request({ keyHash: 'boundary' });
-    const after = request({ keyHash: 'boundary', hourStart: before.hourStart + 3600 });
-    const other = request({ keyHash: 'boundary-2', hourStart: before.hourStart + 3600 });
-    // The same turn of the event loop: without the split they would share one call and one pair of windows.
-    const counts = await Promise.all([store.consume(before), store.consume(after), store.consume(other)]);
-    expect(counts).toEqual([
-      { allowed: true, hour: 1, day: 1 },
-      // The next hour starts afresh; the day goes on.
-      { allowed: true, hour: 1, day: 2 },
-      { allowed: true, hour: 1, day: 1 },
-    ]);
-    const inspect = redisClient();
-    expect(await inspect.hmget(store.counterKey('boundary', before.counterId), 'hs', 'hc', 'dc')).toEqual([
-      String(after.hourStart),
-      '1',
-      '2',
-    ]);
-    inspect.disconnect();
-  });
-
   it('keeps the receipts of the last 8 calls only, and none of refusals', async () => {
     const store = new RedisCounterStore(client, prefix);
     for (let i = 0; i < 20; i++) await store.consume(request({ keyHash: 'receipts', hourLimit: 12, dayLimit: 100 }));
@@ -87,24 +65,6 @@ describe('RedisCounterStore in Redis', () => {
     ).toEqual([{ hour: 0, day: 0 }]);
     expect(await pauser.hget(store.counterKey('paused', request().counterId), 'rc')).toBe('');
     pauser.disconnect();
-    c.disconnect();
-    await own.stop();
-  });
-
-  it('runs one Lua script per consume, reading and writing with two commands', async () => {
-    const own = await startRedisServer();
-    const c = createRedisClient({ url: own.url, commandTimeoutMs: 1000 });
-    c.on('error', () => {});
-    await c.connect();
-    const store = new RedisCounterStore(c, 'x:');
-    await store.consume(request()); // loads the script
-    await c.config('RESETSTAT');
-    for (let i = 0; i < 10; i++) await store.consume(request({ hourLimit: 100, dayLimit: 100 }));
-    const stats = await c.info('commandstats');
-    const calls = (name: string): number => Number(new RegExp(`cmdstat_${name}:calls=(\\d+)`).exec(stats)?.[1] ?? 0);
-    expect(calls('evalsha') + calls('eval')).toBe(10);
-    expect(calls('hmget')).toBe(10);
-    expect(calls('hset')).toBe(10);
     c.disconnect();
     await own.stop();
   });
