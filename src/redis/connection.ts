@@ -9,7 +9,7 @@ import { Cluster, Redis, type RedisOptions } from 'ioredis';
  * No auto-pipelining: ioredis keeps one auto-pipeline in flight per connection and queues later
  * commands behind it, so while Redis is slow a request could wait for the one before it to time out
  * and then for its own timeout too. The counter store batches a turn's requests itself
- * (redis/counter-store.ts); every command starts its own REDIS_TIMEOUT_MS when it is sent.
+ * (redis/consume-batcher.ts); every command starts its own REDIS_TIMEOUT_MS when it is sent.
  */
 
 export type RedisClient = Redis | Cluster;
