@@ -4,7 +4,8 @@ import type { ConsumeRequest, MergeEntry } from './store.js';
  * The two rules every counter-store backend follows, each beside its Lua twin: the in-memory
  * store runs the TypeScript function, the Redis store the script, and a change to one must be
  * made to the other (test/integration/count-rules.test.ts runs both on random counters and
- * compares). README "How counting works" and "When parts fail" → "Redis" say why they are so.
+ * compares). README "A request, step by step" (how counting works) and "When parts fail" →
+ * "Redis" say why they are so.
  */
 
 /** A counter as a backend keeps it: the start and count of its hour and of its day window. */

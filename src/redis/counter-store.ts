@@ -6,10 +6,10 @@ import { OutageMerge } from './outage-merge.js';
 import { ReceiptLedger } from './receipt-ledger.js';
 
 /**
- * Counters in Redis, shared by every gateway instance (README "How counting works"): one hash
- * per (API key, row) with the start and count of the hour and the day window, and the receipts
- * of its last calls. The key's hash tag is the API-key hash, so all rows of one key live in one
- * Redis Cluster slot and a reset or usage read is one round trip too.
+ * Counters in Redis, shared by every gateway instance (README "A request, step by step": how
+ * counting works): one hash per (API key, row) with the start and count of the hour and the day
+ * window, and the receipts of its last calls. The key's hash tag is the API-key hash, so all
+ * rows of one key live in one Redis Cluster slot and a reset or usage read is one round trip too.
  *
  * Three parts, one client: the batcher counts requests (one script call per turn of the event
  * loop), the receipt ledger takes back the units of calls whose answer never came, and the
