@@ -48,7 +48,7 @@ const scriptCalls = async (): Promise<number> => {
   return (s.evalsha ?? 0) + (s.eval ?? 0);
 };
 
-describe('ConsumeBatcher', () => {
+describe('ConsumeBatcher: script calls', () => {
   it('counts the requests of one turn with one script call, in order, reading and writing each counter once', async () => {
     const batcher = new ConsumeBatcher(c, ledger);
     const limited = (key: string): ConsumeRequest => request({ keyHash: key, hourLimit: 6, dayLimit: 100 });
@@ -105,7 +105,9 @@ describe('ConsumeBatcher', () => {
     expect(counts.map((x) => x.hour).sort()).toEqual([1, 2, 3, 4, 5]);
     expect(await scriptCalls()).toBe(5);
   });
+});
 
+describe('ConsumeBatcher: failed calls', () => {
   it('fails every request of a call Redis refused with the typed error, and holds none in doubt', async () => {
     const batcher = new ConsumeBatcher(c, ledger);
     await inspect.set('refused-bad', 'not a hash');

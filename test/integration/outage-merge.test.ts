@@ -85,66 +85,66 @@ describe('OutageMerge', () => {
     expect(await counter(broken[0] as MergeEntry)).toEqual(merged);
     expect(await counter(broken[400] as MergeEntry)).toEqual(untouched);
   });
+});
 
-  describe('on a Redis of its own (INFO commandstats)', () => {
-    let own: RedisProcess;
-    let c: RedisClient;
-    let direct: ReturnType<typeof redisClient>;
-    const calls = async (): Promise<Record<string, number>> => {
-      const stats = await c.info('commandstats');
-      const out: Record<string, number> = {};
-      for (const m of stats.matchAll(/^cmdstat_(\w+):calls=(\d+)/gm)) out[m[1] as string] = Number(m[2]);
-      return out;
-    };
-    const scripts = (s: Record<string, number>): number => (s.evalsha ?? 0) + (s.eval ?? 0);
+describe('OutageMerge on a Redis of its own (INFO commandstats)', () => {
+  let own: RedisProcess;
+  let c: RedisClient;
+  let direct: ReturnType<typeof redisClient>;
+  const calls = async (): Promise<Record<string, number>> => {
+    const stats = await c.info('commandstats');
+    const out: Record<string, number> = {};
+    for (const m of stats.matchAll(/^cmdstat_(\w+):calls=(\d+)/gm)) out[m[1] as string] = Number(m[2]);
+    return out;
+  };
+  const scripts = (s: Record<string, number>): number => (s.evalsha ?? 0) + (s.eval ?? 0);
 
-    beforeAll(async () => {
-      own = await startRedisServer();
-      c = createRedisClient({ url: own.url, commandTimeoutMs: 1000 });
-      c.on('error', () => {});
-      await c.connect();
-      direct = redisClient(own.url);
-    });
-    afterAll(async () => {
-      direct.disconnect();
-      c.disconnect();
-      await own.stop();
-    });
+  beforeAll(async () => {
+    own = await startRedisServer();
+    c = createRedisClient({ url: own.url, commandTimeoutMs: 1000 });
+    c.on('error', () => {});
+    await c.connect();
+    direct = redisClient(own.url);
+  });
+  afterAll(async () => {
+    direct.disconnect();
+    c.disconnect();
+    await own.stop();
+  });
 
-    it('sends one script call per wave on a single Redis', async () => {
-      const merge = new OutageMerge(c, keyOf);
-      await merge.merge(entries('warm', 1)); // loads the script
-      await c.config('RESETSTAT');
-      await merge.merge(entries('one-call', 450));
-      const stats = await calls();
-      expect(scripts(stats)).toBe(3);
-      expect(stats.hmget).toBe(450);
-      expect(stats.hset).toBe(450);
-    });
+  it('sends one script call per wave on a single Redis', async () => {
+    const merge = new OutageMerge(c, keyOf);
+    await merge.merge(entries('warm', 1)); // loads the script
+    await c.config('RESETSTAT');
+    await merge.merge(entries('one-call', 450));
+    const stats = await calls();
+    expect(scripts(stats)).toBe(3);
+    expect(stats.hmget).toBe(450);
+    expect(stats.hset).toBe(450);
+  });
 
-    it('with one call per counter (as on a Cluster), adds the other counters of a failed wave and sends no later wave', async () => {
-      const merge = new OutageMerge(c, keyOf, { batching: false });
-      await merge.merge(entries('warm-solo', 1));
-      const broken = entries('solo', 650);
-      await direct.set(keyOf(broken[250] as MergeEntry), 'not a hash');
-      await c.config('RESETSTAT');
-      const failure = await failureOf(merge.merge(broken));
-      expect(failure.kind).toBe('reply');
-      expect(failure.notApplied).toEqual(broken.slice(400));
-      expect(scripts(await calls())).toBe(400);
-      for (const e of [broken[0], broken[249], broken[251], broken[399]] as MergeEntry[])
-        expect(await counter(e, direct)).toEqual(merged);
-      expect(await counter(broken[400] as MergeEntry, direct)).toEqual(untouched);
-    });
+  it('with one call per counter (as on a Cluster), adds the other counters of a failed wave and sends no later wave', async () => {
+    const merge = new OutageMerge(c, keyOf, { batching: false });
+    await merge.merge(entries('warm-solo', 1));
+    const broken = entries('solo', 650);
+    await direct.set(keyOf(broken[250] as MergeEntry), 'not a hash');
+    await c.config('RESETSTAT');
+    const failure = await failureOf(merge.merge(broken));
+    expect(failure.kind).toBe('reply');
+    expect(failure.notApplied).toEqual(broken.slice(400));
+    expect(scripts(await calls())).toBe(400);
+    for (const e of [broken[0], broken[249], broken[251], broken[399]] as MergeEntry[])
+      expect(await counter(e, direct)).toEqual(merged);
+    expect(await counter(broken[400] as MergeEntry, direct)).toEqual(untouched);
+  });
 
-    // Last: it stops the Redis.
-    it('names every wave after the first as not applied when Redis is gone', async () => {
-      const merge = new OutageMerge(c, keyOf);
-      await own.stop();
-      const many = entries('gone', 450);
-      const failure = await failureOf(merge.merge(many));
-      expect(failure.kind).toBe('connection');
-      expect(failure.notApplied).toEqual(many.slice(200));
-    });
+  // Last: it stops the Redis.
+  it('names every wave after the first as not applied when Redis is gone', async () => {
+    const merge = new OutageMerge(c, keyOf);
+    await own.stop();
+    const many = entries('gone', 450);
+    const failure = await failureOf(merge.merge(many));
+    expect(failure.kind).toBe('connection');
+    expect(failure.notApplied).toEqual(many.slice(200));
   });
 });

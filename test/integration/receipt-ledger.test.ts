@@ -40,7 +40,7 @@ async function until(condition: () => boolean, ms: number): Promise<void> {
   while (!condition() && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
 }
 
-describe('ReceiptLedger', () => {
+describe('ReceiptLedger: what it takes back', () => {
   it('takes back every unit a call in doubt added, only in the windows it counted in, and leaves other calls their units', async () => {
     const ledger = new ReceiptLedger(client);
     const [a, b] = [newKey(), newKey()];
@@ -102,7 +102,9 @@ describe('ReceiptLedger', () => {
     for (const key of keys.slice(1)) expect((await counter(key)).slice(1, 4)).toEqual(['0', String(D), '0']);
     ledger.close();
   });
+});
 
+describe('ReceiptLedger: when it reconciles', () => {
   it('reconciles by itself every half second while calls are in doubt, and no longer once closed', async () => {
     const [open, closed] = [new ReceiptLedger(client), new ReceiptLedger(client)];
     const [k1, k2] = [newKey(), newKey()];
