@@ -2,7 +2,7 @@ import { Cluster, Redis, type RedisOptions } from 'ioredis';
 
 /**
  * Redis clients for the counters. Tuned so that no request waits long on a Redis that is
- * down or slow (INTERFACE §3 REDIS_FAILURE_MODE): commands fail at once while disconnected
+ * down or slow (README "When parts fail" → "Redis"): commands fail at once while disconnected
  * (no offline queue), time out after `commandTimeoutMs`, and are never re-sent after a
  * reconnect (a re-sent increment could count a request twice).
  *
