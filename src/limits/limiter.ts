@@ -1,9 +1,9 @@
 import type { LRUCache } from 'lru-cache';
 import { boundedCache } from '../lib/bounded-cache.js';
 import type { LimitRow, RowLimits } from './limit-table.js';
+import { mergeStep } from './count-rules.js';
 import {
   MergeFailedError,
-  mergeStep,
   StoreUnavailableError,
   type CounterStore,
   type Counts,

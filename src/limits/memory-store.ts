@@ -1,8 +1,7 @@
 import type { LRUCache } from 'lru-cache';
 import { boundedCache } from '../lib/bounded-cache.js';
+import { countStep, mergeStep } from './count-rules.js';
 import {
-  countStep,
-  mergeStep,
   type ConsumeRequest,
   type CounterStore,
   type Counts,

@@ -4,7 +4,8 @@
  *
  * One counter holds both windows of one (API key, row) pair. `consume` is a single atomic
  * step: when both windows have room it adds one to each, otherwise it changes nothing, so a
- * refused request uses none of either window (INTERFACE §5.3).
+ * refused request uses none of either window (README "A request, step by step", step 3). The
+ * rules every backend follows, countStep and mergeStep, are in count-rules.ts.
  */
 
 export interface CounterKey {
@@ -56,7 +57,7 @@ export interface MergeEntry extends CounterKey, WindowIds {
 
 export interface CounterStore {
   consume(request: ConsumeRequest): Promise<Counts>;
-  /** Adds units counted elsewhere to their windows, past the limits if need be (see mergeStep). */
+  /** Adds units counted elsewhere to their windows, past the limits if need be (see mergeStep in count-rules.ts). */
   merge(entries: readonly MergeEntry[]): Promise<void>;
   /** Units used by one key in the given windows of several rows, in the order asked. */
   usage(keyHash: string, rows: ReadonlyArray<{ readonly counterId: string } & WindowIds>): Promise<Usage[]>;
@@ -90,53 +91,4 @@ export class MergeFailedError extends StoreUnavailableError {
     this.name = 'MergeFailedError';
     this.notApplied = notApplied;
   }
-}
-
-/**
- * The counting rule shared by every backend (the Redis Lua script mirrors it line by line).
- * Windows only move forward: when another instance, whose clock is slightly ahead, has already
- * started the next window, this step counts in that window rather than resetting it.
- */
-export function countStep(
-  stored: { hourStart: number; hour: number; dayStart: number; day: number } | undefined,
-  request: ConsumeRequest,
-): { allowed: boolean; hourStart: number; hour: number; dayStart: number; day: number } {
-  let hourStart = request.hourStart;
-  let dayStart = request.dayStart;
-  let hour = 0;
-  let day = 0;
-  if (stored) {
-    if (stored.hourStart >= hourStart) {
-      hourStart = stored.hourStart;
-      hour = stored.hour;
-    }
-    if (stored.dayStart >= dayStart) {
-      dayStart = stored.dayStart;
-      day = stored.day;
-    }
-  }
-  if (!request.force && (hour >= request.hourLimit || day >= request.dayLimit)) {
-    return { allowed: false, hourStart, hour, dayStart, day };
-  }
-  return { allowed: true, hourStart, hour: hour + 1, dayStart, day: day + 1 };
-}
-
-/**
- * The merging rule shared by every backend (the Redis Lua script mirrors it): units of a window
- * the counter is still in are added; a window the counter has not reached yet starts with them;
- * a window the counter has already left behind (another instance started the next one) is not
- * touched, since those units belong to a window that is over.
- */
-export function mergeStep(
-  stored: { hourStart: number; hour: number; dayStart: number; day: number } | undefined,
-  entry: MergeEntry,
-): { hourStart: number; hour: number; dayStart: number; day: number } {
-  let { hourStart, hour, dayStart, day } = entry;
-  if (stored) {
-    if (stored.hourStart > hourStart) ({ hourStart, hour } = stored);
-    else if (stored.hourStart === hourStart) hour += stored.hour;
-    if (stored.dayStart > dayStart) ({ dayStart, day } = stored);
-    else if (stored.dayStart === dayStart) day += stored.day;
-  }
-  return { hourStart, hour, dayStart, day };
 }

@@ -2,14 +2,14 @@ import { Cluster, Redis, type RedisOptions } from 'ioredis';
 
 /**
  * Redis clients for the counters. Tuned so that no request waits long on a Redis that is
- * down or slow (INTERFACE §3 REDIS_FAILURE_MODE): commands fail at once while disconnected
+ * down or slow (docs/operations.md "Redis"): commands fail at once while disconnected
  * (no offline queue), time out after `commandTimeoutMs`, and are never re-sent after a
  * reconnect (a re-sent increment could count a request twice).
  *
  * No auto-pipelining: ioredis keeps one auto-pipeline in flight per connection and queues later
  * commands behind it, so while Redis is slow a request could wait for the one before it to time out
  * and then for its own timeout too. The counter store batches a turn's requests itself
- * (redis/counter-store.ts); every command starts its own REDIS_TIMEOUT_MS when it is sent.
+ * (redis/consume-batcher.ts); every command starts its own REDIS_TIMEOUT_MS when it is sent.
  */
 
 export type RedisClient = Redis | Cluster;

@@ -1,325 +1,58 @@
-import { randomBytes } from 'node:crypto';
-import type { Cluster, Redis } from 'ioredis';
-import {
-  MergeFailedError,
-  type ConsumeRequest,
-  type CounterStore,
-  type Counts,
-  type MergeEntry,
-  type StoreUnavailableError,
-  type Usage,
-  type WindowIds,
-} from '../limits/store.js';
+import type { ConsumeRequest, CounterStore, Counts, MergeEntry, Usage, WindowIds } from '../limits/store.js';
 import type { RedisClient } from './connection.js';
+import { ConsumeBatcher } from './consume-batcher.js';
 import { toStoreError } from './errors.js';
+import { OutageMerge } from './outage-merge.js';
+import { ReceiptLedger } from './receipt-ledger.js';
 
 /**
- * Counters in Redis, shared by every gateway instance: one hash per (API key, row) with the
- * start and count of the hour and the day window, updated by one Lua script per request
- * (one round trip, atomic). The key's hash tag is the API-key hash, so all rows of one key
- * live in one Redis Cluster slot and a reset or usage read is one round trip too.
+ * Counters in Redis, shared by every gateway instance (README "A request, step by step": how
+ * counting works): one hash per (API key, row) with the start and count of the hour and the day
+ * window, and the receipts of its last calls. The key's hash tag is the API-key hash, so all
+ * rows of one key live in one Redis Cluster slot and a reset or usage read is one round trip too.
  *
- * On a single Redis, the requests that arrive in one turn of the event loop are counted by one
- * script call together: each request still waits on exactly one round trip, but the client and
- * the server handle one command (one write, one read, one reply) per batch instead of one per
- * request, and each counter of the batch is read and written once. (ioredis' own
- * auto-pipelining only joins commands of the same tick, and every connection's request is a
- * tick of its own.) On a Cluster the keys of one script must share a slot, so there each
- * request's script goes alone.
- *
- * A script call whose answer never arrives (it timed out, or the connection died before the
- * reply) may or may not have counted; the caller counts its requests elsewhere (insurance) or
- * refuses them (503), so units left in Redis would be counted twice. Every call therefore
- * carries a receipt: the script records `receipt:units` in each counter it added to (the last
- * 8 calls per counter), and the store takes back the units of every receipt it never heard
- * about — at once after a timeout, otherwise as soon as Redis answers again, and always on the
- * same connection, so after the doubtful call if that ever runs.
+ * Three parts, one client: the batcher counts requests (one script call per turn of the event
+ * loop), the receipt ledger takes back the units of calls whose answer never came, and the
+ * outage merge adds what the instance admitted without Redis.
  */
-
-/** Calls remembered per counter: far more than one instance ever has in doubt on one counter. */
-const RECEIPTS_KEPT = 8;
-/** Arguments of a call before its requests' own: hourStart, dayStart, expireAt (one call counts in one pair of windows). */
-const SHARED_ARGS = 3;
-/** Arguments per request: hourLimit, dayLimit, force. */
-const ARGS_PER_KEY = 3;
-/** Arguments per merged counter: hourStart, hour, dayStart, day, expireAt. */
-const ARGS_PER_MERGE = 5;
-
-// The rule of countStep() in limits/store.ts, for every request of a call: windows only move
-// forward, a refusal writes nothing. KEYS: one counter per request (repeats allowed); ARGV: the
-// windows every request of the call counts in (hourStart, dayStart, expireAt), three arguments per
-// request (hourLimit, dayLimit, force), then the call's receipt. Answers three numbers per request:
-// allowed, hour count, day count. Each counter is read once and written once.
-const CONSUME_SCRIPT = `
-local hs = tonumber(ARGV[1])
-local ds = tonumber(ARGV[2])
-local expireAt = ARGV[3]
-local receipt = ARGV[#KEYS * ${ARGS_PER_KEY} + ${SHARED_ARGS} + 1]
-local counters = {}
-local order = {}
-local out = {}
-for i = 1, #KEYS do
-  local key = KEYS[i]
-  local a = ${SHARED_ARGS} + (i - 1) * ${ARGS_PER_KEY}
-  local c = counters[key]
-  if not c then
-    local v = redis.call('HMGET', key, 'hs', 'hc', 'ds', 'dc', 'rc')
-    c = { hs = tonumber(v[1]), hc = tonumber(v[2]) or 0, ds = tonumber(v[3]), dc = tonumber(v[4]) or 0, rc = v[5] or '', added = 0 }
-    counters[key] = c
-    order[#order + 1] = key
-  end
-  local hc, dc = c.hc, c.dc
-  if not c.hs or c.hs < hs then hc = 0 end
-  if not c.ds or c.ds < ds then dc = 0 end
-  if ARGV[a + 3] ~= '1' and (hc >= tonumber(ARGV[a + 1]) or dc >= tonumber(ARGV[a + 2])) then
-    out[#out + 1] = 0
-  else
-    if not c.hs or c.hs < hs then c.hs = hs end
-    if not c.ds or c.ds < ds then c.ds = ds; c.newDay = true end
-    hc = hc + 1
-    dc = dc + 1
-    c.hc, c.dc = hc, dc
-    c.added = c.added + 1
-    out[#out + 1] = 1
-  end
-  out[#out + 1] = hc
-  out[#out + 1] = dc
-end
-for _, key in ipairs(order) do
-  local c = counters[key]
-  if c.added > 0 then
-    local rc = receipt .. ':' .. c.added .. ',' .. c.rc
-    local cut = 0
-    for _ = 1, ${RECEIPTS_KEPT} do
-      cut = string.find(rc, ',', cut + 1, true)
-      if not cut then break end
-    end
-    if cut then rc = string.sub(rc, 1, cut) end
-    redis.call('HSET', key, 'hs', c.hs, 'hc', c.hc, 'ds', c.ds, 'dc', c.dc, 'rc', rc)
-    if c.newDay then redis.call('PEXPIREAT', key, expireAt) end
-  end
-end
-return out
-`;
-
-// Takes back the units a call added to a counter, if (and only if) its receipt is recorded there.
-// ARGV: receipt, hourStart, dayStart (the windows the call counted in).
-const UNDO_SCRIPT = `
-local v = redis.call('HMGET', KEYS[1], 'hs', 'hc', 'ds', 'dc', 'rc')
-if not v[5] then return 0 end
-local s, e = string.find(',' .. v[5], ',' .. ARGV[1] .. ':', 1, true)
-if not s then return 0 end
-local stop = string.find(v[5], ',', e, true)
-local units = tonumber(string.sub(v[5], e, stop - 1))
-local rc = string.sub(v[5], 1, s - 1) .. string.sub(v[5], stop + 1)
-local hc = tonumber(v[2])
-local dc = tonumber(v[4])
-if tonumber(v[1]) == tonumber(ARGV[2]) then hc = math.max(0, hc - units) end
-if tonumber(v[3]) == tonumber(ARGV[3]) then dc = math.max(0, dc - units) end
-redis.call('HSET', KEYS[1], 'hc', hc, 'dc', dc, 'rc', rc)
-return units
-`;
-
-// The rule of mergeStep() in limits/store.ts. KEYS: distinct counters; ARGV: five arguments per
-// counter: hourStart, hour units, dayStart, day units, expireAt. Receipts ('rc') are left as they are.
-const MERGE_SCRIPT = `
-for i = 1, #KEYS do
-  local a = (i - 1) * ${ARGS_PER_MERGE}
-  local v = redis.call('HMGET', KEYS[i], 'hs', 'hc', 'ds', 'dc')
-  local hs, hc = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  local ds, dc = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
-  local shs, sds = tonumber(v[1]), tonumber(v[3])
-  if shs and shs > hs then hs, hc = shs, tonumber(v[2]) or 0 elseif shs == hs then hc = hc + (tonumber(v[2]) or 0) end
-  local newDay = not sds or sds < ds
-  if sds and sds > ds then ds, dc = sds, tonumber(v[4]) or 0 elseif sds == ds then dc = dc + (tonumber(v[4]) or 0) end
-  redis.call('HSET', KEYS[i], 'hs', hs, 'hc', hc, 'ds', ds, 'dc', dc)
-  if newDay then redis.call('PEXPIREAT', KEYS[i], ARGV[a + 5]) end
-end
-return #KEYS
-`;
-/** Counters per merge call on a single Redis: a bound on how long one script holds Redis. */
-const MERGE_CHUNK = 200;
-
-interface Pending {
-  readonly key: string;
-  readonly request: ConsumeRequest;
-  readonly resolve: (counts: Counts) => void;
-  readonly reject: (err: StoreUnavailableError) => void;
-}
-
-/** A call whose outcome is unknown: the windows it counted in, per counter. */
-type InDoubt = Map<string, { readonly hourStart: number; readonly dayStart: number }>;
-
-interface ScriptCommands {
-  /** One counter: its key, the windows, its three arguments, the receipt. */
-  oapiConsume(key: string, ...args: Array<string | number>): Promise<number[]>;
-  /** `numberOfKeys`, the counters, the windows, three arguments per counter, the receipt. */
-  oapiConsumeMany(numberOfKeys: number, ...keysThenArgs: Array<string | number>): Promise<number[]>;
-  oapiUndo(key: string, receipt: string, hourStart: number, dayStart: number): Promise<number>;
-  oapiMerge(key: string, ...args: number[]): Promise<number>;
-  oapiMergeMany(numberOfKeys: number, ...keysThenArgs: Array<string | number>): Promise<number>;
-}
-
-/** Calls in doubt remembered at most; beyond, the oldest are given up (their units may stay counted twice). */
-const MAX_IN_DOUBT = 10_000;
-const RECONCILE_EVERY_MS = 500;
-
 export class RedisCounterStore implements CounterStore {
-  readonly #client: RedisClient & ScriptCommands;
+  readonly #client: RedisClient;
   readonly #prefix: string;
-  readonly #batching: boolean;
-  #batch: Pending[] = [];
-  /** Receipt prefix of this store: receipts of different instances never collide. */
-  readonly #instance = randomBytes(5).toString('base64url');
-  #sequence = 0;
-  readonly #inDoubt = new Map<string, InDoubt>();
-  #reconciling: Promise<void> | undefined;
-  #reconcileTimer: NodeJS.Timeout | undefined;
+  readonly #ledger: ReceiptLedger;
+  readonly #batcher: ConsumeBatcher;
+  readonly #merge: OutageMerge;
 
   constructor(client: RedisClient, prefix: string) {
-    // The same script twice: with one key (ioredis routes it by that key on a Cluster), and
-    // with the number of keys given per call, for a batch.
-    client.defineCommand('oapiConsume', { numberOfKeys: 1, lua: CONSUME_SCRIPT });
-    client.defineCommand('oapiConsumeMany', { lua: CONSUME_SCRIPT });
-    client.defineCommand('oapiUndo', { numberOfKeys: 1, lua: UNDO_SCRIPT });
-    client.defineCommand('oapiMerge', { numberOfKeys: 1, lua: MERGE_SCRIPT });
-    client.defineCommand('oapiMergeMany', { lua: MERGE_SCRIPT });
-    this.#client = client as RedisClient & ScriptCommands;
+    this.#client = client;
     this.#prefix = prefix;
-    this.#batching = !(client as Cluster).isCluster;
-    client.on('ready', this.#onReady);
+    this.#ledger = new ReceiptLedger(client);
+    this.#batcher = new ConsumeBatcher(client, this.#ledger);
+    this.#merge = new OutageMerge(client, (e) => this.counterKey(e.keyHash, e.counterId));
   }
-
-  readonly #onReady = (): void => void this.reconcile();
 
   counterKey(keyHash: string, counterId: string): string {
     return `${this.#prefix}c:{${keyHash}}:${counterId}`;
   }
 
   consume(request: ConsumeRequest): Promise<Counts> {
-    return new Promise((resolve, reject) => {
-      const pending: Pending = { key: this.counterKey(request.keyHash, request.counterId), request, resolve, reject };
-      if (!this.#batching) {
-        this.#run([pending]);
-        return;
-      }
-      // One call counts in one pair of windows: a request of other windows (a boundary just passed) starts a new call.
-      const first = this.#batch[0]?.request;
-      if (first && !sameWindows(first, request)) this.#send();
-      if (this.#batch.push(pending) === 1) setImmediate(this.#send);
-    });
+    return this.#batcher.consume(this.counterKey(request.keyHash, request.counterId), request);
   }
 
-  readonly #send = (): void => {
-    const batch = this.#batch;
-    if (batch.length === 0) return;
-    this.#batch = [];
-    this.#run(batch);
-  };
-
-  /** One script call for the whole batch: its counters, its windows, three arguments per counter, the call's receipt. */
-  #run(batch: readonly Pending[]): void {
-    const receipt = this.#instance + (this.#sequence++).toString(36);
-    const { hourStart, dayStart, expireAt } = (batch[0] as Pending).request;
-    const keysThenArgs: Array<string | number> = batch.map((p) => p.key);
-    keysThenArgs.push(hourStart, dayStart, expireAt);
-    for (const { request: r } of batch) keysThenArgs.push(r.hourLimit, r.dayLimit, r.force ? '1' : '0');
-    keysThenArgs.push(receipt);
-    const [firstKey, ...rest] = keysThenArgs as [string, ...Array<string | number>];
-    const reply =
-      batch.length === 1
-        ? this.#client.oapiConsume(firstKey, ...rest)
-        : this.#client.oapiConsumeMany(batch.length, ...keysThenArgs);
-    reply.then(
-      (counts) => {
-        batch.forEach((pending, i) =>
-          pending.resolve({
-            allowed: counts[i * 3] === 1,
-            hour: counts[i * 3 + 1] as number,
-            day: counts[i * 3 + 2] as number,
-          }),
-        );
-      },
-      (err: unknown) => {
-        const failure = this.#failed(receipt, batch, err);
-        for (const pending of batch) pending.reject(failure);
-      },
-    );
-  }
-
-  /** A call failed: unless Redis refused the script outright, it may have counted. */
-  #failed(receipt: string, batch: readonly Pending[], err: unknown): StoreUnavailableError {
-    const failure = toStoreError(err);
-    if (failure.kind === 'reply') return failure;
-    if (this.#inDoubt.size >= MAX_IN_DOUBT) this.#inDoubt.delete(this.#inDoubt.keys().next().value as string);
-    const counters: InDoubt = new Map();
-    for (const { key, request } of batch)
-      counters.set(key, { hourStart: request.hourStart, dayStart: request.dayStart });
-    this.#inDoubt.set(receipt, counters);
-    this.#reconcileTimer ??= setInterval(() => void this.reconcile(), RECONCILE_EVERY_MS).unref();
-    // A timed-out call is still queued on a live connection: the undo goes right behind it.
-    if (failure.kind === 'timeout') void this.reconcile();
-    return failure;
+  /** Adds units counted during an outage, in waves (see OutageMerge). */
+  merge(entries: readonly MergeEntry[]): Promise<void> {
+    return this.#merge.merge(entries);
   }
 
   /** Takes back the units of doubtful calls that Redis did count. Safe to call at any time. */
   reconcile(): Promise<void> {
-    if (this.#inDoubt.size === 0 || this.#client.status !== 'ready') return Promise.resolve();
-    this.#reconciling ??= (async () => {
-      const pending = [...this.#inDoubt];
-      try {
-        // Commands of one connection run in order, so each undo runs after its doubtful call (if that ever runs).
-        await Promise.all(
-          pending.flatMap(([receipt, counters]) =>
-            [...counters].map(([key, w]) => this.#client.oapiUndo(key, receipt, w.hourStart, w.dayStart)),
-          ),
-        );
-        for (const [receipt] of pending) this.#inDoubt.delete(receipt);
-        if (this.#inDoubt.size === 0) {
-          clearInterval(this.#reconcileTimer);
-          this.#reconcileTimer = undefined;
-        }
-      } catch {
-        // Redis is away again (or the undo timed out behind a slow Redis, where it still runs): the next attempt settles it.
-      } finally {
-        this.#reconciling = undefined;
-      }
-    })();
-    return this.#reconciling;
-  }
-
-  /**
-   * In waves of MERGE_CHUNK counters, one after the other, so that requests counted meanwhile
-   * never queue behind a long merge: on a single Redis one script call per wave, on a Cluster
-   * one per counter (a script's keys must share a slot). After a failed call no further wave is
-   * sent, and the error names the entries certainly not added: those of the waves not sent.
-   */
-  async merge(entries: readonly MergeEntry[]): Promise<void> {
-    const argsOf = (e: MergeEntry): number[] => [e.hourStart, e.hour, e.dayStart, e.day, e.expireAt];
-    const keyOf = (e: MergeEntry): string => this.counterKey(e.keyHash, e.counterId);
-    const notApplied: MergeEntry[] = [];
-    let failure: StoreUnavailableError | undefined;
-    for (let i = 0; i < entries.length; i += MERGE_CHUNK) {
-      const wave = entries.slice(i, i + MERGE_CHUNK);
-      if (failure) {
-        notApplied.push(...wave);
-        continue;
-      }
-      const calls = this.#batching
-        ? [this.#client.oapiMergeMany(wave.length, ...wave.map(keyOf), ...wave.flatMap(argsOf))]
-        : wave.map((e) => this.#client.oapiMerge(keyOf(e), ...argsOf(e)));
-      // A failed call may have added some of its counters (a script stopped by an error keeps
-      // the writes it made), so only the waves never sent count as not applied.
-      const results = await Promise.allSettled(calls);
-      for (const result of results) if (result.status === 'rejected') failure ??= toStoreError(result.reason);
-    }
-    if (failure) throw new MergeFailedError(failure, notApplied);
+    return this.#ledger.reconcile();
   }
 
   async usage(keyHash: string, rows: ReadonlyArray<{ readonly counterId: string } & WindowIds>): Promise<Usage[]> {
+    // Units of calls in doubt are not usage: they are taken back first.
     await this.reconcile();
     try {
-      const pipeline = (this.#client as Redis | Cluster).pipeline();
+      const pipeline = this.#client.pipeline();
       for (const row of rows) pipeline.hmget(this.counterKey(keyHash, row.counterId), 'hs', 'hc', 'ds', 'dc');
       const replies = (await pipeline.exec()) ?? [];
       return rows.map((row, i) => {
@@ -345,12 +78,8 @@ export class RedisCounterStore implements CounterStore {
     }
   }
 
+  /** Stops the ledger's own reconciling (on shutdown, after a last reconcile()). */
   close(): void {
-    clearInterval(this.#reconcileTimer);
-    this.#client.off('ready', this.#onReady);
+    this.#ledger.close();
   }
-}
-
-function sameWindows(a: ConsumeRequest, b: ConsumeRequest): boolean {
-  return a.hourStart === b.hourStart && a.dayStart === b.dayStart && a.expireAt === b.expireAt;
 }

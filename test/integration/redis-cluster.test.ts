@@ -10,7 +10,7 @@ import { authHeader, startTestGateway, type TestGateway } from '../helpers/gatew
 import { send } from '../helpers/http.js';
 import { startRedisCluster, type RedisCluster } from '../helpers/redis-cluster.js';
 import { uniquePrefix } from '../helpers/redis.js';
-import { describeCounterStore } from '../helpers/store-contract.js';
+import { describeCounterStore, request } from '../helpers/store-contract.js';
 
 /**
  * REDIS_CLUSTER_NODES: the counters on a Redis Cluster of three masters of the file's own
@@ -43,6 +43,39 @@ describeCounterStore(
   'RedisCounterStore on a Redis Cluster',
   () => (shared ??= new RedisCounterStore(client, storePrefix)),
 );
+
+describe('RedisCounterStore on a Redis Cluster, with keys in many slots', () => {
+  const run = Date.now().toString(36);
+  const keyHashes = Array.from({ length: 12 }, (_, i) => `slots-${run}-${i}`);
+  const row = request().counterId;
+  const inManySlots = (store: RedisCounterStore): number =>
+    new Set(keyHashes.map((k) => calculateSlot(store.counterKey(k, row)))).size;
+
+  it('counts requests of one turn whose counters sit in different slots (each request goes in a call of its own)', async () => {
+    const store = new RedisCounterStore(client, storePrefix);
+    expect(inManySlots(store)).toBeGreaterThan(1);
+    const counts = await Promise.all(keyHashes.map((keyHash) => store.consume(request({ keyHash }))));
+    expect(counts).toEqual(keyHashes.map(() => ({ allowed: true, hour: 1, day: 1 })));
+  });
+
+  it('merges counters of keys in different slots (one call per counter)', async () => {
+    const store = new RedisCounterStore(client, storePrefix);
+    const { hourStart, dayStart, expireAt } = request();
+    const merged = keyHashes.map((k) => ({
+      keyHash: `merge-${k}`,
+      counterId: row,
+      hourStart,
+      hour: 2,
+      dayStart,
+      day: 3,
+      expireAt,
+    }));
+    expect(new Set(merged.map((e) => calculateSlot(store.counterKey(e.keyHash, row)))).size).toBeGreaterThan(1);
+    await store.merge(merged);
+    for (const { keyHash } of merged)
+      expect(await store.usage(keyHash, [{ counterId: row, hourStart, dayStart }])).toEqual([{ hour: 2, day: 3 }]);
+  });
+});
 
 const LIMITS = `
 timezone: UTC

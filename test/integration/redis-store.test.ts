@@ -1,7 +1,7 @@
 import { afterAll, describe, expect, it } from 'vitest';
 import { RedisCounterStore } from '../../src/redis/counter-store.js';
 import { createRedisClient } from '../../src/redis/connection.js';
-import { MergeFailedError, StoreUnavailableError, type MergeEntry } from '../../src/limits/store.js';
+import { StoreUnavailableError } from '../../src/limits/store.js';
 import { describeCounterStore, request } from '../helpers/store-contract.js';
 import { REDIS_URL, redisClient, startRedisServer, uniquePrefix } from '../helpers/redis.js';
 
@@ -28,28 +28,6 @@ describe('RedisCounterStore in Redis', () => {
     expect(stored).toMatchObject({ hs: String(r.hourStart), hc: '1', ds: String(r.dayStart), dc: '1' });
     expect(stored.rc).toMatch(/^[A-Za-z0-9_-]+:1,$/); // the receipt of the call, and the units it added
     expect(await inspect.pexpiretime(key)).toBe(r.expireAt);
-    inspect.disconnect();
-  });
-
-  it('counts requests of one turn in their own windows when a window boundary falls between them (they go in separate calls)', async () => {
-    const store = new RedisCounterStore(client, prefix);
-    const before = request({ keyHash: 'boundary' });
-    const after = request({ keyHash: 'boundary', hourStart: before.hourStart + 3600 });
-    const other = request({ keyHash: 'boundary-2', hourStart: before.hourStart + 3600 });
-    // The same turn of the event loop: without the split they would share one call and one pair of windows.
-    const counts = await Promise.all([store.consume(before), store.consume(after), store.consume(other)]);
-    expect(counts).toEqual([
-      { allowed: true, hour: 1, day: 1 },
-      // The next hour starts afresh; the day goes on.
-      { allowed: true, hour: 1, day: 2 },
-      { allowed: true, hour: 1, day: 1 },
-    ]);
-    const inspect = redisClient();
-    expect(await inspect.hmget(store.counterKey('boundary', before.counterId), 'hs', 'hc', 'dc')).toEqual([
-      String(after.hourStart),
-      '1',
-      '2',
-    ]);
     inspect.disconnect();
   });
 
@@ -87,102 +65,6 @@ describe('RedisCounterStore in Redis', () => {
     ).toEqual([{ hour: 0, day: 0 }]);
     expect(await pauser.hget(store.counterKey('paused', request().counterId), 'rc')).toBe('');
     pauser.disconnect();
-    c.disconnect();
-    await own.stop();
-  });
-
-  it('merges into a new counter with the expiry of its day, and keeps the receipts of one it merges into', async () => {
-    const store = new RedisCounterStore(client, prefix);
-    const r = request({ keyHash: 'merge-new' });
-    await store.merge([
-      {
-        keyHash: 'merge-new',
-        counterId: r.counterId,
-        hourStart: r.hourStart,
-        hour: 2,
-        dayStart: r.dayStart,
-        day: 3,
-        expireAt: r.expireAt,
-      },
-    ]);
-    const inspect = redisClient();
-    const key = store.counterKey('merge-new', r.counterId);
-    expect(await inspect.hgetall(key)).toEqual({ hs: String(r.hourStart), hc: '2', ds: String(r.dayStart), dc: '3' });
-    expect(await inspect.pexpiretime(key)).toBe(r.expireAt);
-    await store.consume(r);
-    const receipts = await inspect.hget(key, 'rc');
-    await store.merge([
-      {
-        keyHash: 'merge-new',
-        counterId: r.counterId,
-        hourStart: r.hourStart,
-        hour: 1,
-        dayStart: r.dayStart,
-        day: 1,
-        expireAt: r.expireAt,
-      },
-    ]);
-    expect(await inspect.hgetall(key)).toEqual({
-      hs: String(r.hourStart),
-      hc: '4',
-      ds: String(r.dayStart),
-      dc: '5',
-      rc: receipts,
-    });
-    inspect.disconnect();
-  });
-
-  it('merges many counters in waves of 200, and after a failed wave sends no other, naming those it never sent', async () => {
-    const store = new RedisCounterStore(client, prefix);
-    const r = request();
-    const entries = (tag: string, n: number): MergeEntry[] =>
-      Array.from({ length: n }, (_, i) => ({
-        keyHash: `${tag}${i}`,
-        counterId: r.counterId,
-        hourStart: r.hourStart,
-        hour: 1,
-        dayStart: r.dayStart,
-        day: 1,
-        expireAt: r.expireAt,
-      }));
-    const usedBy = (e: MergeEntry) =>
-      store.usage(e.keyHash, [{ counterId: e.counterId, hourStart: r.hourStart, dayStart: r.dayStart }]);
-
-    const many = entries('waves', 450);
-    await store.merge(many);
-    for (const e of [many[0], many[199], many[200], many[449]] as MergeEntry[])
-      expect(await usedBy(e)).toEqual([{ hour: 1, day: 1 }]);
-
-    // A key of the wrong type in the second wave stops that wave's script: the third is never sent.
-    const broken = entries('broken', 650);
-    const inspect = redisClient();
-    await inspect.set(store.counterKey((broken[250] as MergeEntry).keyHash, r.counterId), 'not a hash');
-    inspect.disconnect();
-    const failure = await store.merge(broken).then(
-      () => undefined,
-      (err: unknown) => err,
-    );
-    expect(failure).toBeInstanceOf(MergeFailedError);
-    expect((failure as MergeFailedError).kind).toBe('reply');
-    expect((failure as MergeFailedError).notApplied).toEqual(broken.slice(400));
-    expect(await usedBy(broken[0] as MergeEntry)).toEqual([{ hour: 1, day: 1 }]);
-    expect(await usedBy(broken[400] as MergeEntry)).toEqual([{ hour: 0, day: 0 }]);
-  });
-
-  it('runs one Lua script per consume, reading and writing with two commands', async () => {
-    const own = await startRedisServer();
-    const c = createRedisClient({ url: own.url, commandTimeoutMs: 1000 });
-    c.on('error', () => {});
-    await c.connect();
-    const store = new RedisCounterStore(c, 'x:');
-    await store.consume(request()); // loads the script
-    await c.config('RESETSTAT');
-    for (let i = 0; i < 10; i++) await store.consume(request({ hourLimit: 100, dayLimit: 100 }));
-    const stats = await c.info('commandstats');
-    const calls = (name: string): number => Number(new RegExp(`cmdstat_${name}:calls=(\\d+)`).exec(stats)?.[1] ?? 0);
-    expect(calls('evalsha') + calls('eval')).toBe(10);
-    expect(calls('hmget')).toBe(10);
-    expect(calls('hset')).toBe(10);
     c.disconnect();
     await own.stop();
   });

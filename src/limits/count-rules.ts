@@ -1,0 +1,181 @@
+import type { ConsumeRequest, MergeEntry } from './store.js';
+
+/**
+ * The two rules every counter-store backend follows, each beside its Lua twin: the in-memory
+ * store runs the TypeScript function, the Redis store the script, and a change to one must be
+ * made to the other (test/integration/count-rules.test.ts runs both on random counters and
+ * compares). README "A request, step by step" (how counting works) and docs/operations.md
+ * "Redis" say why they are so.
+ */
+
+/** A counter as a backend keeps it: the start and count of its hour and of its day window. */
+export interface StoredCounter {
+  hourStart: number;
+  hour: number;
+  dayStart: number;
+  day: number;
+}
+
+/**
+ * One request: allowed when both windows have room, then one unit is added to each; a refused
+ * request changes nothing. Windows only move forward: when another instance, whose clock is
+ * slightly ahead, has already started the next window, this step counts in that window rather
+ * than resetting it.
+ */
+export function countStep(
+  stored: StoredCounter | undefined,
+  request: ConsumeRequest,
+): { allowed: boolean; hourStart: number; hour: number; dayStart: number; day: number } {
+  let hourStart = request.hourStart;
+  let dayStart = request.dayStart;
+  let hour = 0;
+  let day = 0;
+  if (stored) {
+    if (stored.hourStart >= hourStart) {
+      hourStart = stored.hourStart;
+      hour = stored.hour;
+    }
+    if (stored.dayStart >= dayStart) {
+      dayStart = stored.dayStart;
+      day = stored.day;
+    }
+  }
+  if (!request.force && (hour >= request.hourLimit || day >= request.dayLimit)) {
+    return { allowed: false, hourStart, hour, dayStart, day };
+  }
+  return { allowed: true, hourStart, hour: hour + 1, dayStart, day: day + 1 };
+}
+
+/**
+ * Receipts one counter keeps (docs/operations.md "Redis": no unit is counted twice): far
+ * more calls than one instance ever has in doubt on one counter.
+ */
+export const RECEIPTS_KEPT = 8;
+/** Arguments of a consume call before its requests' own: hourStart, dayStart, expireAt (one call counts in one pair of windows). */
+const SHARED_ARGS = 3;
+/** Arguments per request: hourLimit, dayLimit, force. */
+const ARGS_PER_KEY = 3;
+
+/**
+ * countStep in Lua, for every request of one call in turn. KEYS: one counter per request
+ * (repeats allowed); ARGV: the windows every request of the call counts in (hourStart,
+ * dayStart, expireAt), three arguments per request (hourLimit, dayLimit, force), then the
+ * call's receipt (see pushConsumeArgs). Answers three numbers per request: allowed, hour
+ * count, day count. Each counter is read once and written once, so a batch costs Redis no more
+ * than its distinct counters. A counter that gained units records `receipt:units,` in front of
+ * its field `rc`, keeping the last RECEIPTS_KEPT (the receipt ledger, redis/receipt-ledger.ts,
+ * takes them back when the call's answer is lost); a new day sets the counter's expiry.
+ */
+export const CONSUME_SCRIPT = `
+local hs = tonumber(ARGV[1])
+local ds = tonumber(ARGV[2])
+local expireAt = ARGV[3]
+local receipt = ARGV[#KEYS * ${ARGS_PER_KEY} + ${SHARED_ARGS} + 1]
+local counters = {}
+local order = {}
+local out = {}
+for i = 1, #KEYS do
+  local key = KEYS[i]
+  local a = ${SHARED_ARGS} + (i - 1) * ${ARGS_PER_KEY}
+  local c = counters[key]
+  if not c then
+    local v = redis.call('HMGET', key, 'hs', 'hc', 'ds', 'dc', 'rc')
+    c = { hs = tonumber(v[1]), hc = tonumber(v[2]) or 0, ds = tonumber(v[3]), dc = tonumber(v[4]) or 0, rc = v[5] or '', added = 0 }
+    counters[key] = c
+    order[#order + 1] = key
+  end
+  local hc, dc = c.hc, c.dc
+  if not c.hs or c.hs < hs then hc = 0 end
+  if not c.ds or c.ds < ds then dc = 0 end
+  if ARGV[a + 3] ~= '1' and (hc >= tonumber(ARGV[a + 1]) or dc >= tonumber(ARGV[a + 2])) then
+    out[#out + 1] = 0
+  else
+    if not c.hs or c.hs < hs then c.hs = hs end
+    if not c.ds or c.ds < ds then c.ds = ds; c.newDay = true end
+    hc = hc + 1
+    dc = dc + 1
+    c.hc, c.dc = hc, dc
+    c.added = c.added + 1
+    out[#out + 1] = 1
+  end
+  out[#out + 1] = hc
+  out[#out + 1] = dc
+end
+for _, key in ipairs(order) do
+  local c = counters[key]
+  if c.added > 0 then
+    local rc = receipt .. ':' .. c.added .. ',' .. c.rc
+    local cut = 0
+    for _ = 1, ${RECEIPTS_KEPT} do
+      cut = string.find(rc, ',', cut + 1, true)
+      if not cut then break end
+    end
+    if cut then rc = string.sub(rc, 1, cut) end
+    redis.call('HSET', key, 'hs', c.hs, 'hc', c.hc, 'ds', c.ds, 'dc', c.dc, 'rc', rc)
+    if c.newDay then redis.call('PEXPIREAT', key, expireAt) end
+  end
+end
+return out
+`;
+
+/**
+ * Appends the ARGV of one CONSUME_SCRIPT call to `out` (which holds its KEYS, one per item):
+ * the windows of the first request (every request of a call shares them), three arguments per
+ * request, the receipt.
+ */
+export function pushConsumeArgs(
+  out: Array<string | number>,
+  items: ReadonlyArray<{ readonly request: ConsumeRequest }>,
+  receipt: string,
+): void {
+  const { hourStart, dayStart, expireAt } = (items[0] as { readonly request: ConsumeRequest }).request;
+  out.push(hourStart, dayStart, expireAt);
+  for (const { request: r } of items) out.push(r.hourLimit, r.dayLimit, r.force ? '1' : '0');
+  out.push(receipt);
+}
+
+/**
+ * Units counted elsewhere (docs/operations.md "Redis": the outage's admissions end up in
+ * Redis): units of a window the counter is still in are added; a window the counter has not
+ * reached yet starts with them; a window the counter has already left behind (another instance
+ * started the next one) is not touched, since those units belong to a window that is over.
+ */
+export function mergeStep(stored: StoredCounter | undefined, entry: MergeEntry): StoredCounter {
+  let { hourStart, hour, dayStart, day } = entry;
+  if (stored) {
+    if (stored.hourStart > hourStart) ({ hourStart, hour } = stored);
+    else if (stored.hourStart === hourStart) hour += stored.hour;
+    if (stored.dayStart > dayStart) ({ dayStart, day } = stored);
+    else if (stored.dayStart === dayStart) day += stored.day;
+  }
+  return { hourStart, hour, dayStart, day };
+}
+
+/** Arguments per merged counter: hourStart, hour, dayStart, day, expireAt (see mergeArgs). */
+const ARGS_PER_MERGE = 5;
+
+/**
+ * mergeStep in Lua, for distinct counters. KEYS: the counters; ARGV: mergeArgs of each. A
+ * counter whose day is new gets the entry's expiry; receipts (`rc`) are left as they are, so
+ * the calls they name can still be taken back. Answers the number of counters.
+ */
+export const MERGE_SCRIPT = `
+for i = 1, #KEYS do
+  local a = (i - 1) * ${ARGS_PER_MERGE}
+  local v = redis.call('HMGET', KEYS[i], 'hs', 'hc', 'ds', 'dc')
+  local hs, hc = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  local ds, dc = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+  local shs, sds = tonumber(v[1]), tonumber(v[3])
+  if shs and shs > hs then hs, hc = shs, tonumber(v[2]) or 0 elseif shs == hs then hc = hc + (tonumber(v[2]) or 0) end
+  local newDay = not sds or sds < ds
+  if sds and sds > ds then ds, dc = sds, tonumber(v[4]) or 0 elseif sds == ds then dc = dc + (tonumber(v[4]) or 0) end
+  redis.call('HSET', KEYS[i], 'hs', hs, 'hc', hc, 'ds', ds, 'dc', dc)
+  if newDay then redis.call('PEXPIREAT', KEYS[i], ARGV[a + 5]) end
+end
+return #KEYS
+`;
+
+/** The ARGV of one entry in a MERGE_SCRIPT call. */
+export function mergeArgs(e: MergeEntry): number[] {
+  return [e.hourStart, e.hour, e.dayStart, e.day, e.expireAt];
+}

@@ -1,0 +1,152 @@
+import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import type { ConsumeRequest, StoreUnavailableError } from '../../src/limits/store.js';
+import { ConsumeBatcher } from '../../src/redis/consume-batcher.js';
+import { createRedisClient, type RedisClient } from '../../src/redis/connection.js';
+import { ReceiptLedger } from '../../src/redis/receipt-ledger.js';
+import { request } from '../helpers/store-contract.js';
+import { redisClient, startRedisServer, type RedisProcess } from '../helpers/redis.js';
+
+/**
+ * The per-turn batcher on a Redis of the file's own, whose INFO commandstats count the script
+ * calls (README "Scale and performance" → "Counting costs one round trip").
+ */
+
+let own: RedisProcess;
+let c: RedisClient;
+let inspect: ReturnType<typeof redisClient>;
+let ledger: ReceiptLedger;
+
+beforeAll(async () => {
+  own = await startRedisServer();
+  c = createRedisClient({ url: own.url, commandTimeoutMs: 1000 });
+  c.on('error', () => {});
+  await c.connect();
+  inspect = redisClient(own.url);
+  ledger = new ReceiptLedger(c);
+  // Loads the script, so that every call below is one EVALSHA.
+  await new ConsumeBatcher(c, ledger).consume('warm', request());
+});
+afterAll(async () => {
+  ledger.close();
+  inspect.disconnect();
+  c.disconnect();
+  await own.stop();
+});
+
+let stats: Record<string, number> = {};
+beforeEach(async () => {
+  await c.config('RESETSTAT');
+});
+async function commandCalls(): Promise<Record<string, number>> {
+  const text = await inspect.info('commandstats');
+  stats = {};
+  for (const m of text.matchAll(/^cmdstat_(\w+):calls=(\d+)/gm)) stats[m[1] as string] = Number(m[2]);
+  return stats;
+}
+const scriptCalls = async (): Promise<number> => {
+  const s = await commandCalls();
+  return (s.evalsha ?? 0) + (s.eval ?? 0);
+};
+
+describe('ConsumeBatcher: script calls', () => {
+  it('counts the requests of one turn with one script call, in order, reading and writing each counter once', async () => {
+    const batcher = new ConsumeBatcher(c, ledger);
+    const limited = (key: string): ConsumeRequest => request({ keyHash: key, hourLimit: 6, dayLimit: 100 });
+    const counts = await Promise.all(
+      Array.from({ length: 20 }, (_, i) => batcher.consume(i % 2 ? 'turn-b' : 'turn-a', limited(i % 2 ? 'b' : 'a'))),
+    );
+    // Each counter's requests in the order they came: six admitted, then refused without counting.
+    const expected = Array.from({ length: 10 }, (_, i) =>
+      i < 6 ? { allowed: true, hour: i + 1, day: i + 1 } : { allowed: false, hour: 6, day: 6 },
+    );
+    expect(counts.filter((_, i) => i % 2 === 0)).toEqual(expected);
+    expect(counts.filter((_, i) => i % 2 === 1)).toEqual(expected);
+    expect(await scriptCalls()).toBe(1);
+    expect(stats.hmget).toBe(2);
+    expect(stats.hset).toBe(2);
+    expect(await inspect.hmget('turn-a', 'hc', 'dc')).toEqual(['6', '6']);
+  });
+
+  it('runs one Lua script per consume, reading and writing with two commands', async () => {
+    const batcher = new ConsumeBatcher(c, ledger);
+    for (let i = 0; i < 10; i++) await batcher.consume('one-by-one', request({ hourLimit: 100, dayLimit: 100 }));
+    expect(await scriptCalls()).toBe(10);
+    expect(stats.hmget).toBe(10);
+    expect(stats.hset).toBe(10);
+  });
+
+  it('counts requests of one turn in their own windows when a window boundary falls between them (they go in separate calls)', async () => {
+    const batcher = new ConsumeBatcher(c, ledger);
+    const before = request({ keyHash: 'boundary' });
+    const after = request({ keyHash: 'boundary', hourStart: before.hourStart + 3600 });
+    const other = request({ keyHash: 'boundary-2', hourStart: before.hourStart + 3600 });
+    // The same turn of the event loop: without the split they would share one call and one pair of windows.
+    const counts = await Promise.all([
+      batcher.consume('boundary', before),
+      batcher.consume('boundary', after),
+      batcher.consume('boundary-2', other),
+    ]);
+    expect(counts).toEqual([
+      { allowed: true, hour: 1, day: 1 },
+      // The next hour starts afresh; the day goes on.
+      { allowed: true, hour: 1, day: 2 },
+      { allowed: true, hour: 1, day: 1 },
+    ]);
+    expect(await inspect.hmget('boundary', 'hs', 'hc', 'dc')).toEqual([String(after.hourStart), '1', '2']);
+    // The first call holds the request before the boundary, the second both after it.
+    expect(await scriptCalls()).toBe(2);
+  });
+
+  it('with batching off (as on a Cluster), sends each request of a turn alone', async () => {
+    const batcher = new ConsumeBatcher(c, ledger, { batching: false });
+    const counts = await Promise.all(
+      Array.from({ length: 5 }, () => batcher.consume('alone', request({ hourLimit: 100, dayLimit: 100 }))),
+    );
+    expect(counts.map((x) => x.hour).sort()).toEqual([1, 2, 3, 4, 5]);
+    expect(await scriptCalls()).toBe(5);
+  });
+});
+
+describe('ConsumeBatcher: failed calls', () => {
+  it('fails every request of a call Redis refused with the typed error, and holds none in doubt', async () => {
+    const batcher = new ConsumeBatcher(c, ledger);
+    await inspect.set('refused-bad', 'not a hash');
+    const results = await Promise.allSettled([
+      batcher.consume('refused-good', request()),
+      batcher.consume('refused-bad', request()),
+    ]);
+    for (const r of results) {
+      expect(r.status).toBe('rejected');
+      expect((r as PromiseRejectedResult).reason).toMatchObject({ name: 'StoreUnavailableError', kind: 'reply' });
+    }
+    expect(ledger.inDoubt).toBe(0);
+    // The script stopped before writing anything.
+    expect(await inspect.exists('refused-good')).toBe(0);
+  });
+
+  it('hands a call whose answer never came to the ledger, with every counter of it, so its units are taken back', async () => {
+    const quick = createRedisClient({ url: own.url, commandTimeoutMs: 100 });
+    quick.on('error', () => {});
+    await quick.connect();
+    const quickLedger = new ReceiptLedger(quick);
+    const batcher = new ConsumeBatcher(quick, quickLedger);
+    await batcher.consume('doubt-warm', request()); // loads the script on this connection
+    await inspect.call('CLIENT', 'PAUSE', '300', 'WRITE');
+    const results = await Promise.allSettled(
+      ['doubt-a', 'doubt-b', 'doubt-a'].map((key) => batcher.consume(key, request())),
+    );
+    expect(results.map((r) => r.status === 'rejected' && (r.reason as StoreUnavailableError).kind)).toEqual([
+      'timeout',
+      'timeout',
+      'timeout',
+    ]);
+    expect(quickLedger.inDoubt).toBe(1);
+    const deadline = Date.now() + 3000;
+    while (quickLedger.inDoubt > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+    expect(quickLedger.inDoubt).toBe(0);
+    expect(await inspect.hmget('doubt-a', 'hc', 'dc', 'rc')).toEqual(['0', '0', '']);
+    expect(await inspect.hmget('doubt-b', 'hc', 'dc', 'rc')).toEqual(['0', '0', '']);
+    quickLedger.close();
+    quick.disconnect();
+  });
+});

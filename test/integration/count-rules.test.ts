@@ -1,0 +1,153 @@
+import fc from 'fast-check';
+import { afterAll, describe, expect, it } from 'vitest';
+import {
+  CONSUME_SCRIPT,
+  countStep,
+  MERGE_SCRIPT,
+  mergeArgs,
+  mergeStep,
+  pushConsumeArgs,
+  RECEIPTS_KEPT,
+  type StoredCounter,
+} from '../../src/limits/count-rules.js';
+import type { ConsumeRequest, MergeEntry } from '../../src/limits/store.js';
+import { redisClient, uniquePrefix } from '../helpers/redis.js';
+
+/**
+ * Each Lua script against the TypeScript rule it mirrors, on random counters in a real Redis:
+ * the in-memory store and the Redis store must count alike (limits/count-rules.ts).
+ */
+
+const client = redisClient();
+const prefix = uniquePrefix('rules');
+afterAll(() => client.disconnect());
+
+const H = Math.floor(Date.now() / 3_600_000) * 3600;
+const D = H - (H % 86_400);
+const EXPIRE_AT = (D + 3 * 86_400) * 1000;
+let run = 0;
+
+const stored = fc.option(
+  fc.record({
+    hourStart: fc.integer({ min: -2, max: 2 }).map((o) => H + o * 3600),
+    hour: fc.nat(6),
+    dayStart: fc.integer({ min: -1, max: 1 }).map((o) => D + o * 86_400),
+    day: fc.nat(8),
+  }),
+  { nil: undefined },
+);
+/** Receipts already in a counter, newest first. */
+const receipts = fc
+  .array(fc.integer({ min: 1, max: 3 }), { maxLength: 10 })
+  .map((units) => units.map((u, i) => `old${i}:${u}`));
+const windows = fc.record({
+  hourStart: fc.integer({ min: -2, max: 2 }).map((o) => H + o * 3600),
+  dayStart: fc.integer({ min: -1, max: 1 }).map((o) => D + o * 86_400),
+});
+
+async function setCounter(key: string, counter: StoredCounter | undefined, rc: readonly string[]): Promise<void> {
+  if (!counter) return;
+  const { hourStart, hour, dayStart, day } = counter;
+  await client.hset(key, { hs: hourStart, hc: hour, ds: dayStart, dc: day, rc: rc.map((r) => r + ',').join('') });
+}
+
+const fields = (c: StoredCounter): string[] => [c.hourStart, c.hour, c.dayStart, c.day].map(String);
+
+describe('CONSUME_SCRIPT', () => {
+  it('counts every request of a call as countStep does, one after the other, recording the call receipt in the counters it added to', async () => {
+    const call = fc.record({
+      counters: fc.array(fc.record({ stored, rc: receipts }), { minLength: 1, maxLength: 3 }),
+      windows,
+      requests: fc.array(
+        fc.record({ counter: fc.nat(2), hourLimit: fc.nat(6), dayLimit: fc.nat(8), force: fc.boolean() }),
+        { minLength: 1, maxLength: 6 },
+      ),
+    });
+    await fc.assert(
+      fc.asyncProperty(call, async ({ counters, windows: w, requests }) => {
+        const keys = counters.map((_, i) => `${prefix}c${++run}:${i}`);
+        for (const [i, c] of counters.entries()) await setCounter(keys[i] as string, c.stored, c.rc);
+        const items = requests.map((r) => ({
+          key: keys[r.counter % counters.length] as string,
+          index: r.counter % counters.length,
+          request: { keyHash: 'k', counterId: 'row', ...w, ...r, expireAt: EXPIRE_AT } satisfies ConsumeRequest,
+        }));
+        const keysThenArgs: Array<string | number> = items.map((item) => item.key);
+        pushConsumeArgs(keysThenArgs, items, 'rcpt');
+        const reply = (await client.eval(CONSUME_SCRIPT, items.length, ...keysThenArgs)) as number[];
+
+        // The rule, one request after the other, on the same counters.
+        const state = counters.map((c) => c.stored);
+        const added = counters.map(() => 0);
+        const expected: number[] = [];
+        for (const { index, request } of items) {
+          const next = countStep(state[index], request);
+          if (next.allowed) {
+            state[index] = { hourStart: next.hourStart, hour: next.hour, dayStart: next.dayStart, day: next.day };
+            added[index] = (added[index] as number) + 1;
+          }
+          expected.push(next.allowed ? 1 : 0, next.hour, next.day);
+        }
+        expect(reply).toEqual(expected);
+
+        for (const [i, c] of counters.entries()) {
+          const key = keys[i] as string;
+          const now = await client.hmget(key, 'hs', 'hc', 'ds', 'dc', 'rc');
+          const units = added[i] as number;
+          if (units === 0) {
+            // A counter of refusals only is not written at all.
+            expect(now).toEqual(
+              c.stored ? [...fields(c.stored), c.rc.map((r) => r + ',').join('')] : [null, null, null, null, null],
+            );
+            continue;
+          }
+          const rc = [`rcpt:${units}`, ...(c.stored ? c.rc : [])]
+            .slice(0, RECEIPTS_KEPT)
+            .map((r) => r + ',')
+            .join('');
+          expect(now).toEqual([...fields(state[i] as StoredCounter), rc]);
+          // The counter expires after the day it was moved to; one already in that day keeps its expiry.
+          const newDay = !c.stored || c.stored.dayStart < w.dayStart;
+          expect(await client.pexpiretime(key)).toBe(newDay ? EXPIRE_AT : -1);
+        }
+      }),
+      { numRuns: 150 },
+    );
+  });
+});
+
+describe('MERGE_SCRIPT', () => {
+  it('merges each counter of a call as mergeStep does, leaving its receipts as they are', async () => {
+    const entry = fc.record({ windows, hour: fc.nat(5), day: fc.nat(5) });
+    const call = fc.array(fc.record({ stored, rc: receipts, entry }), { minLength: 1, maxLength: 3 });
+    await fc.assert(
+      fc.asyncProperty(call, async (counters) => {
+        const keys = counters.map((_, i) => `${prefix}m${++run}:${i}`);
+        for (const [i, c] of counters.entries()) await setCounter(keys[i] as string, c.stored, c.rc);
+        const entries: MergeEntry[] = counters.map(({ entry: e }) => ({
+          keyHash: 'k',
+          counterId: 'row',
+          ...e.windows,
+          hour: e.hour,
+          day: e.day,
+          expireAt: EXPIRE_AT,
+        }));
+        const reply = await client.eval(MERGE_SCRIPT, keys.length, ...keys, ...entries.flatMap(mergeArgs));
+        expect(reply).toBe(keys.length);
+
+        for (const [i, c] of counters.entries()) {
+          const key = keys[i] as string;
+          const e = entries[i] as MergeEntry;
+          const rc = c.stored ? c.rc.map((r) => r + ',').join('') : null;
+          expect(await client.hmget(key, 'hs', 'hc', 'ds', 'dc', 'rc')).toEqual([
+            ...fields(mergeStep(c.stored, e)),
+            rc,
+          ]);
+          const newDay = !c.stored || c.stored.dayStart < e.dayStart;
+          expect(await client.pexpiretime(key)).toBe(newDay ? EXPIRE_AT : -1);
+        }
+      }),
+      { numRuns: 150 },
+    );
+  });
+});
