@@ -55,6 +55,8 @@ export type CreateResult =
   | { readonly created: true; readonly key: string; readonly record: KeyRecord }
   | { readonly created: false; readonly reason: 'id-taken' };
 export type RevokeResult = 'revoked' | 'not-found' | 'in-key-file';
+/** What the store says of a key: issued (its record), not issued, or nothing (it cannot be reached). */
+export type Resolved = KeyRecord | 'not-issued' | 'unavailable';
 
 export class KeyRegistry {
   readonly #store: IssuedKeyStore;
@@ -63,7 +65,9 @@ export class KeyRegistry {
   #version: string | undefined;
   #poller: NodeJS.Timeout | undefined;
   #refreshing: Promise<void> | undefined;
-  readonly #resolving = new Map<string, Promise<KeyRecord | undefined>>();
+  readonly #resolving = new Map<string, Promise<Resolved>>();
+  /** The issued keys were read from the store at least once (until then an unknown key may be one of them). */
+  #loaded = false;
   readonly #onError: (err: unknown) => void;
 
   constructor(store: IssuedKeyStore, onError: (err: unknown) => void = () => {}) {
@@ -76,30 +80,46 @@ export class KeyRegistry {
     return this.#fileKeys.get(keyHash) ?? this.#issued.get(keyHash);
   }
 
+  /** Whether the issued keys were read from the store at least once: until then the instance is not ready. */
+  get loaded(): boolean {
+    return this.#loaded;
+  }
+
   /**
    * A key this instance does not know yet may have been issued on another one a moment ago:
    * asks the store (one round trip; only unknown keys ever get here, and the invalid-key guard
    * throttles addresses that keep sending them). Concurrent asks for one hash share one call.
+   * `unavailable`: the store could not say — the key is neither valid nor invalid (README "API
+   * keys and plans").
    */
-  resolve(keyHash: string): Promise<KeyRecord | undefined> {
+  resolve(keyHash: string): Promise<Resolved> {
     const known = this.lookup(keyHash);
     if (known) return Promise.resolve(known);
     let pending = this.#resolving.get(keyHash);
     if (!pending) {
       pending = this.#store
         .find(keyHash)
-        .then((record) => {
-          if (record) this.#issued.set(record.sha256, record);
-          return record;
-        })
-        .catch((err: unknown) => {
-          this.#onError(err);
-          return undefined;
-        })
+        .then(
+          (record): Resolved => {
+            if (record) this.#issued.set(record.sha256, record);
+            return record ?? 'not-issued';
+          },
+          (err: unknown): Resolved => {
+            this.#onError(err);
+            return 'unavailable';
+          },
+        )
         .finally(() => this.#resolving.delete(keyHash));
       this.#resolving.set(keyHash, pending);
     }
     return pending;
+  }
+
+  /** The issued key with this id, if known here. */
+  byId(id: string): KeyRecord | undefined {
+    for (const record of this.#fileKeys.values()) if (record.id === id) return record;
+    for (const record of this.#issued.values()) if (record.id === id) return record;
+    return undefined;
   }
 
   list(): KeyRecord[] {
@@ -118,6 +138,7 @@ export class KeyRegistry {
         const keys = await this.#store.all();
         this.#issued = new Map(keys.map((k) => [k.sha256, k]));
         this.#version = version;
+        this.#loaded = true;
       } finally {
         this.#refreshing = undefined;
       }

@@ -7,6 +7,33 @@ import type { HeaderList } from './header-list.js';
  * request's answer carries its usage headers; every answer carries `X-Request-Id`.
  */
 
+/**
+ * Why the gateway answered itself, as its access line says (docs/operations.md "Logs"). The last
+ * four are answers of the HTTP layer and the 500 of a bug.
+ */
+export type Reason =
+  | 'missing-key'
+  | 'unknown-key'
+  | 'guard'
+  | 'hour-spent'
+  | 'day-spent'
+  | 'no-route'
+  | 'method'
+  | 'not-websocket'
+  | 'bad-path'
+  | 'body-size'
+  | 'content-type'
+  | 'credentials'
+  | 'redis-unavailable'
+  | 'bridge-unreachable'
+  | 'bridge-timeout'
+  | 'client-timeout'
+  | 'header-size'
+  | 'bad-request'
+  | 'expectation'
+  | 'not-implemented'
+  | 'internal';
+
 export const REASONS: Readonly<Record<number, string>> = {
   400: 'Bad Request',
   401: 'Unauthorized',

@@ -1,4 +1,4 @@
-import type { Method, Route } from './route.js';
+import { METHODS, type Method, type Route } from './route.js';
 
 /**
  * Matches a normalised path against the routes of the table. A literal segment wins over a
@@ -14,7 +14,12 @@ export interface RouteEntry<T> {
 
 export type MatchResult<T> =
   | { readonly kind: 'match'; readonly entry: RouteEntry<T> }
-  | { readonly kind: 'method-not-allowed'; readonly allow: readonly Method[] }
+  /** `entries`: the routes the path has, for other methods, in METHODS order. */
+  | {
+      readonly kind: 'method-not-allowed';
+      readonly allow: readonly Method[];
+      readonly entries: readonly RouteEntry<T>[];
+    }
   | { readonly kind: 'not-found' };
 
 class Node<T> {
@@ -24,7 +29,6 @@ class Node<T> {
 }
 
 const NOT_FOUND = { kind: 'not-found' } as const;
-const METHOD_ORDER: readonly Method[] = ['GET', 'POST', 'PUT', 'PATCH', 'DELETE', 'WS'];
 
 export class RouteMatcher<T> {
   readonly #root = new Node<T>();
@@ -51,10 +55,11 @@ export class RouteMatcher<T> {
   match(method: string, segments: readonly string[]): MatchResult<T> {
     const entry = this.#find(this.#root, segments, 0, method);
     if (entry) return { kind: 'match', entry };
-    const allow = new Set<Method>();
-    this.#collectMethods(this.#root, segments, 0, allow);
-    if (allow.size === 0) return NOT_FOUND;
-    return { kind: 'method-not-allowed', allow: METHOD_ORDER.filter((m) => allow.has(m)) };
+    const found = new Map<Method, RouteEntry<T>>();
+    this.#collectEntries(this.#root, segments, 0, found);
+    if (found.size === 0) return NOT_FOUND;
+    const allow = METHODS.filter((m) => found.has(m));
+    return { kind: 'method-not-allowed', allow, entries: allow.map((m) => found.get(m) as RouteEntry<T>) };
   }
 
   #find(node: Node<T>, segments: readonly string[], depth: number, method: string): RouteEntry<T> | undefined {
@@ -68,13 +73,14 @@ export class RouteMatcher<T> {
     return node.param ? this.#find(node.param, segments, depth + 1, method) : undefined;
   }
 
-  #collectMethods(node: Node<T>, segments: readonly string[], depth: number, into: Set<Method>): void {
+  /** The routes of every method the path has, a literal route before a parameter one (as #find prefers it). */
+  #collectEntries(node: Node<T>, segments: readonly string[], depth: number, into: Map<Method, RouteEntry<T>>): void {
     if (depth === segments.length) {
-      for (const m of node.methods?.keys() ?? []) into.add(m);
+      for (const [m, entry] of node.methods ?? []) if (!into.has(m)) into.set(m, entry);
       return;
     }
     const literal = node.literals.get(segments[depth] as string);
-    if (literal) this.#collectMethods(literal, segments, depth + 1, into);
-    if (node.param) this.#collectMethods(node.param, segments, depth + 1, into);
+    if (literal) this.#collectEntries(literal, segments, depth + 1, into);
+    if (node.param) this.#collectEntries(node.param, segments, depth + 1, into);
   }
 }

@@ -34,6 +34,20 @@ export class GatewayMetrics implements LimiterObserver {
       this.#answered.clear();
     },
   });
+  /** Answers the gateway wrote itself not yet handed to `ownAnswers`. */
+  readonly #own = new Map<string, Map<string, number>>();
+  readonly ownAnswers: Counter<'endpoint' | 'reason'> = new Counter({
+    name: 'oapi_gateway_own_answers_total',
+    help: 'Answers the gateway wrote itself (refusals, 502/504), by endpoint and reason (the reason of the access line).',
+    labelNames: ['endpoint', 'reason'] as const,
+    registers: [this.registry],
+    collect: () => {
+      for (const [endpoint, reasons] of this.#own) {
+        for (const [reason, count] of reasons) this.ownAnswers.labels(endpoint, reason).inc(count);
+      }
+      this.#own.clear();
+    },
+  });
   readonly refusals = new Counter({
     name: 'oapi_gateway_refusals_total',
     help: 'Requests refused for a spent window (shadow="true": counted on a shadow row, which would have refused them).',
@@ -137,11 +151,15 @@ export class GatewayMetrics implements LimiterObserver {
     for (const outcome of ['rejected', 'throttled']) this.invalidKeys.labels(outcome).inc(0);
   }
 
-  request(endpoint: string, status: number, seconds: number): void {
+  request(endpoint: string, status: number, seconds: number, reason?: string): void {
     let statuses = this.#answered.get(endpoint);
     if (!statuses) this.#answered.set(endpoint, (statuses = new Map<number, number>()));
     statuses.set(status, (statuses.get(status) ?? 0) + 1);
     this.requestDuration.observe(endpoint, seconds);
+    if (reason === undefined) return;
+    let reasons = this.#own.get(endpoint);
+    if (!reasons) this.#own.set(endpoint, (reasons = new Map<string, number>()));
+    reasons.set(reason, (reasons.get(reason) ?? 0) + 1);
   }
 
   upstream(bridge: string, seconds: number): void {

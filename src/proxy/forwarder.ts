@@ -4,7 +4,7 @@ import { Readable } from 'node:stream';
 import { Pool, type Dispatcher } from 'undici';
 import { BRIDGES, type BridgeName } from '../config/settings.js';
 import type { HeaderList } from '../lib/header-list.js';
-import { writeAnswer } from '../lib/answers.js';
+import { writeAnswer, type Reason } from '../lib/answers.js';
 import { START, isEnded, step, type ExchangeAction, type ExchangeEvent, type ExchangeState } from './exchange.js';
 import { requestHeaderList, responseHeaderList, type BodyFraming } from './headers.js';
 
@@ -39,6 +39,8 @@ export interface ForwardRequest {
 export interface ForwardResult {
   /** What the client got (499: it left first). */
   readonly status: number;
+  /** Why, when the forwarder answered itself (502, 504, 413). */
+  readonly reason?: Reason | undefined;
   /** Milliseconds until the bridge's status line (absent when it never came). */
   readonly upstreamMs: number | undefined;
 }
@@ -168,6 +170,7 @@ class HttpExchange {
   /** The client's streamed body as the bridge reads it (never the client's stream itself, which undici would destroy on an abort). */
   #body: Readable | undefined;
   #status: number | undefined;
+  #reason: Reason | undefined;
   #upstreamMs: number | undefined;
   #bodyBytes = 0;
 
@@ -277,13 +280,15 @@ class HttpExchange {
         // The head is written in response(), where the bridge's raw headers are at hand.
         return;
       case 'answer-502':
-        this.#answer(502, 'Bridge unreachable');
+        this.#answer('bridge-unreachable', 502, 'Bridge unreachable');
         return;
       case 'answer-504':
-        this.#answer(504, 'Bridge did not answer in time');
+        this.#answer('bridge-timeout', 504, 'Bridge did not answer in time');
         return;
       case 'answer-413':
-        this.#answer(413, `Request body is larger than ${this.#request.maxBodyBytes} bytes`, [['Connection', 'close']]);
+        this.#answer('body-size', 413, `Request body is larger than ${this.#request.maxBodyBytes} bytes`, [
+          ['Connection', 'close'],
+        ]);
         return;
       case 'stop-reading': {
         const { incoming, outgoing } = this.#request;
@@ -301,13 +306,14 @@ class HttpExchange {
   }
 
   /** A gateway answer; only ever before the bridge's status line was passed on (step() sees to it). */
-  #answer(status: number, message: string, extra: HeaderList = []): void {
+  #answer(reason: Reason, status: number, message: string, extra: HeaderList = []): void {
     const { outgoing, usageHeaders, requestId } = this.#request;
     if (outgoing.headersSent || outgoing.destroyed) {
       outgoing.destroy();
       return;
     }
     this.#status = status;
+    this.#reason = reason;
     writeAnswer(outgoing, status, message, [...usageHeaders, ['X-Request-Id', requestId], ...extra]);
   }
 
@@ -405,6 +411,7 @@ class HttpExchange {
     clearTimeout(this.#timer);
     this.#resolve({
       status: this.#state.phase === 'client-gone' ? CLIENT_GONE : (this.#status ?? outgoing.statusCode),
+      reason: this.#reason,
       upstreamMs: this.#upstreamMs,
     });
   };

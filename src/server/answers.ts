@@ -1,7 +1,7 @@
 import type { ServerResponse } from 'node:http';
 import { RESPONSE_ALREADY_SENT } from '@hono/node-server/utils/response';
 import type { Context } from 'hono';
-import { errorBody, JSON_TYPE, writeAnswer } from '../lib/answers.js';
+import { errorBody, JSON_TYPE, writeAnswer, type Reason } from '../lib/answers.js';
 import type { HeaderList } from '../lib/header-list.js';
 
 /**
@@ -9,8 +9,14 @@ import type { HeaderList } from '../lib/header-list.js';
  * (a Response object and node-server's conversion of it cost more than the whole answer); in-process
  * (app.request()) and on an upgrade's socket it is a Response.
  */
-export function answer(c: Context, status: number, message: string, headers: HeaderList = []): Response {
-  c.set('answered', status);
+export function answer(
+  c: Context,
+  reason: Reason,
+  status: number,
+  message: string,
+  headers: HeaderList = [],
+): Response {
+  c.set('answered', { status, reason });
   const requestId = c.get('requestId');
   const usage = c.get('usageHeaders');
   const outgoing = (c.env as { outgoing?: ServerResponse } | undefined)?.outgoing;
@@ -30,6 +36,12 @@ export function answer(c: Context, status: number, message: string, headers: Hea
 }
 
 /** `answer()` as a middleware's result. */
-export function answered(c: Context, status: number, message: string, headers: HeaderList = []): Promise<Response> {
-  return Promise.resolve(answer(c, status, message, headers));
+export function answered(
+  c: Context,
+  reason: Reason,
+  status: number,
+  message: string,
+  headers: HeaderList = [],
+): Promise<Response> {
+  return Promise.resolve(answer(c, reason, status, message, headers));
 }

@@ -3,6 +3,7 @@ import type { HttpBindings } from '@hono/node-server';
 import type { LimitRow, LimitTable } from '../limits/limit-table.js';
 import type { BridgeName } from '../config/settings.js';
 import type { Decision } from '../limits/limiter.js';
+import type { Reason } from '../lib/answers.js';
 import type { HeaderList } from '../lib/header-list.js';
 import type { Route } from '../limits/route.js';
 
@@ -38,6 +39,8 @@ export interface Endpoint {
 
 export interface Forwarded {
   readonly status: number;
+  /** Why, when the forwarder answered itself (502, 504, 413). */
+  readonly reason?: Reason | undefined;
   readonly upstreamMs: number | undefined;
 }
 
@@ -50,11 +53,13 @@ declare module 'hono' {
     /** The limit-table snapshot this request uses from start to end. */
     table: LimitTable;
     endpoint: Endpoint;
+    /** The row of a path the table has for other methods only (405, 426): what logs and metrics name. */
+    pathRow: LimitRow;
     decision: Decision;
     /** Usage headers (README "Headers and answers") for this request (empty when it was not counted). */
     usageHeaders: HeaderList;
-    /** Status of an answer the gateway wrote itself (server/answers.ts). */
-    answered: number;
+    /** An answer the gateway wrote itself (server/answers.ts): its status and why. */
+    answered: { readonly status: number; readonly reason: Reason };
     /** Set when the answer came from a bridge. */
     forwarded: Forwarded;
     /** Body already read by the gateway (credential routes), forwarded byte for byte. */

@@ -68,7 +68,7 @@ export function createPublicApp(deps: PublicAppDeps): Hono<GatewayEnv> {
   );
   app.onError((err, c) => {
     logger.error({ err, reqId: c.get('requestId') }, 'unexpected error');
-    return answer(c, 500, 'Unexpected error');
+    return answer(c, 'internal', 500, 'Unexpected error');
   });
   return app;
 }

@@ -83,17 +83,25 @@ describe('RouteMatcher', () => {
   });
 
   it('answers method-not-allowed with every method the path has', () => {
-    expect(m.match('PATCH', segs('/orders/1'))).toEqual({
+    const allowed = (method: string, path: string) => {
+      const result = m.match(method, segs(path));
+      if (result.kind !== 'method-not-allowed') return result;
+      // The routes the path has, one per allowed method, in the same order.
+      expect(result.entries.map((e) => e.route.method)).toEqual(result.allow);
+      return { kind: result.kind, allow: result.allow, routes: result.entries.map((e) => e.route.text) };
+    };
+    expect(allowed('PATCH', '/orders/1')).toEqual({
       kind: 'method-not-allowed',
       allow: ['GET', 'PUT', 'DELETE'],
+      routes: ['GET /orders/{id}', 'PUT /orders/{id}', 'DELETE /orders/{id}'],
     });
-    expect(m.match('GET', segs('/ws/orders'))).toEqual({ kind: 'method-not-allowed', allow: ['WS'] });
-    expect(m.match('WS', segs('/orders'))).toEqual({ kind: 'method-not-allowed', allow: ['GET', 'POST'] });
+    expect(allowed('GET', '/ws/orders')).toMatchObject({ kind: 'method-not-allowed', allow: ['WS'] });
+    expect(allowed('WS', '/orders')).toMatchObject({ kind: 'method-not-allowed', allow: ['GET', 'POST'] });
   });
 
   it('is case-sensitive in paths and methods', () => {
     expect(m.match('GET', segs('/Orders'))).toEqual({ kind: 'not-found' });
-    expect(m.match('get', segs('/orders'))).toEqual({ kind: 'method-not-allowed', allow: ['GET', 'POST'] });
+    expect(m.match('get', segs('/orders'))).toMatchObject({ kind: 'method-not-allowed', allow: ['GET', 'POST'] });
   });
 
   it('reports the entry already holding a canonical route', () => {

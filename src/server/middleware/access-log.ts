@@ -2,6 +2,7 @@ import type { MiddlewareHandler } from 'hono';
 import type { Logger } from '../../observability/logger.js';
 import { accessLogWriter, shortKeyHash } from '../../observability/logger.js';
 import { UNMATCHED, type GatewayMetrics } from '../../observability/metrics.js';
+import type { Decision } from '../../limits/limiter.js';
 import type { GatewayEnv } from '../context.js';
 
 /**
@@ -19,12 +20,12 @@ export function accessLog(options: { logger: Logger; metrics: GatewayMetrics }):
     const ms = performance.now() - started;
     const endpoint = c.get('endpoint');
     const forwarded = c.get('forwarded');
-    const status = forwarded?.status ?? c.get('answered') ?? c.res.status;
-    const label = endpoint?.row.route.text ?? UNMATCHED;
-    metrics.request(label, status, ms / 1000);
+    const answered = c.get('answered');
+    const status = forwarded?.status ?? answered?.status ?? c.res.status;
+    const reason = forwarded?.reason ?? answered?.reason;
+    const label = endpoint?.row.route.text ?? c.get('pathRow')?.route.text ?? UNMATCHED;
+    metrics.request(label, status, ms / 1000, reason);
     if (forwarded?.upstreamMs !== undefined && endpoint) metrics.upstream(endpoint.bridge, forwarded.upstreamMs / 1000);
-    if (!logger.isLevelEnabled('info')) return;
-
     const client = c.get('client');
     const decision = c.get('decision');
     writeLine({
@@ -36,22 +37,22 @@ export function accessLog(options: { logger: Logger; metrics: GatewayMetrics }):
       ms: round(ms),
       upstreamMs: forwarded?.upstreamMs === undefined ? undefined : round(forwarded.upstreamMs),
       bridge: forwarded ? endpoint?.bridge : undefined,
+      address: c.get('clientAddress'),
       key: client ? shortKeyHash(client.keyHash) : undefined,
       keyId: client?.keyId,
-      limit:
-        decision === undefined
-          ? undefined
-          : decision.kind !== 'counted'
-            ? decision.kind
-            : decision.allowed
-              ? decision.spent
-                ? 'shadow-over'
-                : 'allowed'
-              : 'refused',
+      limit: limitOf(decision),
       spent: decision?.kind === 'counted' ? decision.spent : undefined,
       counter: decision?.kind === 'counted' && decision.source !== 'store' ? decision.source : undefined,
+      reason,
     });
   };
+}
+
+function limitOf(decision: Decision | undefined): string | undefined {
+  if (decision === undefined) return undefined;
+  if (decision.kind !== 'counted') return decision.kind;
+  if (!decision.allowed) return 'refused';
+  return decision.spent ? 'shadow-over' : 'allowed';
 }
 
 function round(ms: number): number {

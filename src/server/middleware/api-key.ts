@@ -16,6 +16,9 @@ import { requestHeader } from '../request-header.js';
  * keeps sending them.
  */
 
+/** A key that cannot be checked (the store is away): how soon to try again. */
+const UNCHECKED_RETRY_SECONDS = 2;
+
 /** Issued keys are 48 characters; anything this long is not a key. */
 export const MAX_API_KEY_LENGTH = 256;
 
@@ -42,20 +45,33 @@ export function apiKeyAuth(options: ApiKeyOptions): MiddlewareHandler<GatewayEnv
 
   const throttled = (c: Context<GatewayEnv>, ms: number): Response => {
     metrics.invalidKeys.labels('throttled').inc();
-    return answer(c, 429, 'Too Many Requests', [['Retry-After', String(Math.max(1, Math.ceil(ms / 1000)))]]);
+    return answer(c, 'guard', 429, 'Too Many Requests', [['Retry-After', String(Math.max(1, Math.ceil(ms / 1000)))]]);
   };
 
-  const refuse = async (c: Context<GatewayEnv>, address: string, message: string): Promise<Response> => {
+  const refuse = async (
+    c: Context<GatewayEnv>,
+    address: string,
+    reason: 'missing-key' | 'unknown-key',
+    message: string,
+  ): Promise<Response> => {
     const blockedMs = await guard.failed(address);
     if (blockedMs > 0) return throttled(c, blockedMs);
     metrics.invalidKeys.labels('rejected').inc();
-    return answer(c, 401, message, [challenge]);
+    return answer(c, reason, 401, message, [challenge]);
   };
 
-  /** A key this instance does not know yet may have been issued on another one a moment ago. */
+  /**
+   * A key this instance does not know yet may have been issued on another one a moment ago. One the
+   * store cannot check is no invalid key: it gets a 503 to try again, and never counts as a guess.
+   */
   const resolveThenNext = async (c: Context<GatewayEnv>, next: Next, address: string, keyHash: string) => {
     const issued = await registry.resolve(keyHash);
-    if (!issued) return refuse(c, address, 'Invalid API key');
+    if (issued === 'unavailable') {
+      return answer(c, 'redis-unavailable', 503, 'API keys cannot be checked right now', [
+        ['Retry-After', String(UNCHECKED_RETRY_SECONDS)],
+      ]);
+    }
+    if (issued === 'not-issued') return refuse(c, address, 'unknown-key', 'Invalid API key');
     c.set('client', { keyHash, keyId: issued.id, plan: issued.plan });
     return next();
   };
@@ -69,8 +85,8 @@ export function apiKeyAuth(options: ApiKeyOptions): MiddlewareHandler<GatewayEnv
 
     // Browsers cannot set headers on a WebSocket upgrade: there, and only there, the key may be a query parameter.
     const key = requestHeader(c, header) || (c.env?.upgrade ? apiKeyFromQuery(c.env.incoming.url ?? '') : undefined);
-    if (!key) return refuse(c, address, 'Missing API key');
-    if (key.length > MAX_API_KEY_LENGTH) return refuse(c, address, 'Invalid API key');
+    if (!key) return refuse(c, address, 'missing-key', 'Missing API key');
+    if (key.length > MAX_API_KEY_LENGTH) return refuse(c, address, 'unknown-key', 'Invalid API key');
     const keyHash = hashOf(key);
     const issued = registry.lookup(keyHash);
     if (!issued && mode === 'registered') return resolveThenNext(c, next, address, keyHash);

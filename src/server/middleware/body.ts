@@ -26,19 +26,19 @@ export interface BodyOptions {
 export function bodyRules(options: BodyOptions): MiddlewareHandler<GatewayEnv> {
   const { maxBodyBytes, credentialRoutes } = options;
   const tooLarge = (c: Context<GatewayEnv>): Response =>
-    answer(c, 413, `Request body is larger than ${maxBodyBytes} bytes`, [['Connection', 'close']]);
+    answer(c, 'body-size', 413, `Request body is larger than ${maxBodyBytes} bytes`, [['Connection', 'close']]);
 
   const credentials = async (c: Context<GatewayEnv>, next: Next): Promise<Response | void> => {
     if (!isJsonMediaType(requestHeader(c, 'content-type')))
-      return answer(c, 415, 'Content-Type must be application/json');
+      return answer(c, 'content-type', 415, 'Content-Type must be application/json');
     const body = await readBody(c, Math.min(maxBodyBytes, MAX_CREDENTIALS_BYTES));
     if (body === 'too-large')
       return maxBodyBytes <= MAX_CREDENTIALS_BYTES
         ? tooLarge(c)
-        : answer(c, 400, 'Credentials body is too large', [['Connection', 'close']]);
-    if (body === 'aborted') return answer(c, 400, 'Request body was not received');
+        : answer(c, 'credentials', 400, 'Credentials body is too large', [['Connection', 'close']]);
+    if (body === 'aborted') return answer(c, 'credentials', 400, 'Request body was not received');
     const problem = credentialsProblem(body);
-    if (problem) return answer(c, 400, problem);
+    if (problem) return answer(c, 'credentials', 400, problem);
     c.set('body', body);
     return next();
   };

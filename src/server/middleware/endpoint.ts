@@ -19,23 +19,28 @@ export function matchEndpoint(options: EndpointOptions): MiddlewareHandler<Gatew
   // Not async: a request that matches goes straight on, without a promise of its own.
   return function matchEndpoint(c, next) {
     const table = options.table();
-    if (!table) return answered(c, 503, 'Limit table not loaded');
+    if (!table) return answered(c, 'internal', 503, 'Limit table not loaded');
     const target = normaliseTarget(c.env?.incoming?.url ?? pathAndQuery(c.req.url));
-    if (!target.ok) return answered(c, 400, target.reason);
+    if (!target.ok) return answered(c, 'bad-path', 400, target.reason);
 
     const method = c.env?.upgrade ? 'WS' : c.req.method;
     const match = table.matcher.match(method, target.segments);
-    if (match.kind === 'not-found') return answered(c, 404, 'No such endpoint');
+    if (match.kind === 'not-found') return answered(c, 'no-route', 404, 'No such endpoint');
     if (match.kind === 'method-not-allowed') {
+      // Labelled with the path's first row in the table, not as "unmatched": the path is one of the table's.
+      c.set(
+        'pathRow',
+        match.entries.map((e) => e.value).reduce((a, b) => (b.index < a.index ? b : a)),
+      );
       const allow = match.allow.filter((m) => m !== 'WS');
       if (allow.length === 0) {
         // RFC 9110 §15.5.22: the resource needs an upgrade to another protocol.
-        return answered(c, 426, 'This endpoint is a WebSocket: connect with Upgrade: websocket', [
+        return answered(c, 'not-websocket', 426, 'This endpoint is a WebSocket: connect with Upgrade: websocket', [
           ['Upgrade', 'websocket'],
           ['Connection', 'Upgrade'],
         ]);
       }
-      return answered(c, 405, 'Method not allowed for this endpoint', [['Allow', allow.join(', ')]]);
+      return answered(c, 'method', 405, 'Method not allowed for this endpoint', [['Allow', allow.join(', ')]]);
     }
     const { route, value: row } = match.entry;
     c.set('table', table);

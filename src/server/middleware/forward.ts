@@ -27,7 +27,7 @@ export function forward(options: ForwardOptions): Handler<GatewayEnv> {
   return async function forward(c) {
     const incoming = c.env?.incoming;
     // Only an in-process app.request() has no socket; there is nothing to forward it over.
-    if (!incoming) return answer(c, 500, 'No connection to forward');
+    if (!incoming) return answer(c, 'internal', 500, 'No connection to forward');
     const endpoint = c.get('endpoint');
     const requestId = c.get('requestId');
     const upgrade = c.env.upgrade;
@@ -64,7 +64,7 @@ export function forward(options: ForwardOptions): Handler<GatewayEnv> {
       clientAddress: c.get('clientAddress'),
       usageHeaders,
     });
-    c.set('forwarded', { status: result.status, upstreamMs: result.upstreamMs });
+    c.set('forwarded', result);
     return RESPONSE_ALREADY_SENT;
   };
 }

@@ -22,7 +22,7 @@ export function rateLimit(options: { limiter: Limiter; metrics: GatewayMetrics }
     const limits = limitsFor(c.get('table'), row, client.plan);
     const decision = await limiter.check({ keyHash: client.keyHash, row, limits, calendar: c.get('table').calendar });
     c.set('decision', decision);
-    if (decision.kind === 'unavailable') return answer(c, 503, 'Rate limiting is unavailable');
+    if (decision.kind === 'unavailable') return answer(c, 'redis-unavailable', 503, 'Rate limiting is unavailable');
     if (decision.kind === 'counted') {
       c.set('usageHeaders', rateLimitHeaders(decision, decision.at));
       const endpoint = row.route.text;
@@ -36,7 +36,11 @@ export function rateLimit(options: { limiter: Limiter; metrics: GatewayMetrics }
         if (decision.day.remaining < decision.day.limit * NEAR_LIMIT_SHARE)
           metrics.nearLimit.labels(endpoint, 'day').inc();
       }
-      if (!decision.allowed) return answer(c, 429, 'Too Many Requests', [retryAfterHeader(decision, decision.at)]);
+      if (!decision.allowed) {
+        // Both spent: the day is what keeps it refused longest.
+        const reason = decision.spent === 'hour' ? 'hour-spent' : 'day-spent';
+        return answer(c, reason, 429, 'Too Many Requests', [retryAfterHeader(decision, decision.at)]);
+      }
     }
     await next();
   };
