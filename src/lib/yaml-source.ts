@@ -13,7 +13,8 @@ import {
 
 /**
  * A YAML file read with positions, shared by the loaders of `limits.yaml`, `gateway.yaml` and
- * the API key file, so that every complaint about a file names its line and column.
+ * the API key file: they validate its plain data, and every complaint about a place in the data
+ * names the line and column of its YAML node.
  */
 
 export interface SourceError {
@@ -44,11 +45,14 @@ export interface Position {
 export class YamlSource {
   readonly file: string;
   readonly root: unknown;
+  /** The document as plain data (mappings as objects, sequences as arrays); null when empty. */
+  readonly data: unknown;
   readonly #lines: LineCounter;
 
-  private constructor(file: string, root: unknown, lines: LineCounter) {
+  private constructor(file: string, root: unknown, data: unknown, lines: LineCounter) {
     this.file = file;
     this.root = root;
+    this.data = data;
     this.#lines = lines;
   }
 
@@ -63,9 +67,9 @@ export class YamlSource {
       uniqueKeys: true,
       prettyErrors: false,
       keepSourceTokens: false,
+      logLevel: 'error', // no console warning for a mapping used as a key: the schema reports the key
     });
-    const source = new YamlSource(file, doc.contents, lines);
-    const errors = doc.errors.slice(0, 1).map((err) => {
+    const errors: SourceError[] = doc.errors.slice(0, 1).map((err) => {
       // An unclosed quote is found only at the end of the file: point at where the quote opens.
       const opened = err.code === 'MISSING_CHAR' ? unclosedQuoteAt(doc, err.pos[0]) : undefined;
       const pos = opened === undefined ? (err.linePos?.[0] ?? lines.linePos(err.pos[0])) : lines.linePos(opened);
@@ -74,7 +78,30 @@ export class YamlSource {
         (opened === undefined ? '' : ' (the quoted text that starts here runs to the end of the file)');
       return { file, line: pos.line, column: pos.col, message };
     });
-    return { source, errors };
+    let data: unknown = null;
+    try {
+      if (errors.length === 0) data = doc.toJS();
+    } catch (err) {
+      // Aliases that would expand beyond yaml's limit (a "billion laughs" file).
+      errors.push({ file, line: 1, column: 1, message: firstLine((err as Error).message) });
+    }
+    return { source: new YamlSource(file, doc.contents, data, lines), errors };
+  }
+
+  /**
+   * The node at `path` in the data (with `onKey`, the key of the last step rather than its value);
+   * where the path leaves the document (a missing key), the last node on it.
+   */
+  at(path: readonly (string | number)[], onKey = false): unknown {
+    let node = this.root;
+    for (const [i, step] of path.entries()) {
+      const pair = isMap(node) ? node.items.find((p) => keyText(p.key) === String(step)) : undefined;
+      const next: unknown = pair ? (onKey && i === path.length - 1 ? pair.key : (pair.value ?? pair.key)) : undefined;
+      const item: unknown = isSeq(node) && typeof step === 'number' ? node.items[step] : next;
+      if (item === undefined || item === null) return node;
+      node = item;
+    }
+    return node;
   }
 
   position(node: unknown): Position {
@@ -112,6 +139,11 @@ function unclosedQuoteAt(doc: Document, end: number): number | undefined {
 
 function firstLine(message: string): string {
   return message.split('\n')[0] ?? message;
+}
+
+/** A mapping key as plain data names it: a scalar's value as text. */
+function keyText(key: unknown): string {
+  return isScalar(key) ? String(key.value) : String(key);
 }
 
 export const isYamlMap = (node: unknown): node is YAMLMap<unknown, unknown> => isMap(node);
