@@ -6,7 +6,7 @@ import { formatSourceError } from '../../src/lib/yaml-source.js';
 
 const fixtures = new URL('../fixtures/limits/invalid/', import.meta.url);
 
-/** The seed's section 8, as printed there. */
+/** The specification's limit table, as printed there (README "The limit table"). */
 const SEED_TABLE: Array<[string, string, number, number]> = [
   ['Authentication', 'POST /auth/token', 60, 500],
   ['Authentication', 'POST /auth/refresh', 120, 1000],
@@ -29,7 +29,7 @@ const SEED_TABLE: Array<[string, string, number, number]> = [
 ];
 
 describe('the shipped limits.yaml', () => {
-  it('holds the 18 rows of the seed, names and numbers as there, in order', async () => {
+  it('holds the 18 rows of the specification, names and numbers as there, in order', async () => {
     const result = await readLimitsFile('limits.yaml');
     if (!result.ok) throw new Error(result.errors.map(formatSourceError).join('\n'));
     expect(result.table.rows.map((r) => [r.name, r.route.text, r.limits.perHour, r.limits.perDay])).toEqual(SEED_TABLE);
@@ -37,7 +37,7 @@ describe('the shipped limits.yaml', () => {
     expect(result.table.rows.every((r) => !r.shadow)).toBe(true);
   });
 
-  it('counts the token operations of the seed section 4 on the POST /auth/token row', async () => {
+  it('counts the two token operations of the specification on the POST /auth/token row', async () => {
     const result = await readLimitsFile('limits.yaml');
     if (!result.ok) throw new Error('invalid');
     const auth = result.table.rows[0];
@@ -55,7 +55,7 @@ describe('the shipped limits.yaml', () => {
     }
   });
 
-  it('defines the premium and market-maker plans of INTERFACE §10', async () => {
+  it('defines the premium and market-maker plans of the shipped limits.yaml', async () => {
     const result = await readLimitsFile('limits.yaml');
     if (!result.ok) throw new Error('invalid');
     const { table } = result;
@@ -73,7 +73,7 @@ describe('an invalid table', () => {
     .filter((f) => f.endsWith('.yaml'))
     .sort();
 
-  it('has a fixture for every rule of INTERFACE §4', () => {
+  it('has a fixture for every rule of README "The limit table"', () => {
     expect(names.length).toBeGreaterThanOrEqual(20);
   });
 
@@ -85,6 +85,29 @@ describe('an invalid table', () => {
     const result = parseLimits(text, name);
     expect(result.ok).toBe(false);
     if (!result.ok) expect(result.errors.map(formatSourceError)).toEqual(expected);
+  });
+
+  it('reports every unknown key of a mapping, each at its key, and a missing key at its mapping', () => {
+    const text = 'limits:\n  - name: A\n    routes: GET /a\n    per_hour: 1\n    per_day: 2\n    burst: 3\n';
+    const result = parseLimits(text, 'x.yaml');
+    expect(result.ok).toBe(false);
+    if (!result.ok)
+      expect(result.errors.map(formatSourceError)).toEqual([
+        'x.yaml:2:5: row 1 (A): missing "route"',
+        'x.yaml:3:5: row 1 (A): unknown key "routes" (expected one of name, route, also, per_hour, per_day, shadow)',
+        'x.yaml:6:5: row 1 (A): unknown key "burst" (expected one of name, route, also, per_hour, per_day, shadow)',
+      ]);
+  });
+
+  it('names the route of a plan row that maps to something other than per_hour and per_day', () => {
+    const text =
+      'limits:\n  - {name: A, route: GET /a, per_hour: 1, per_day: 2}\nplans:\n  p:\n    rows:\n      GET /a: 5\n';
+    const result = parseLimits(text, 'x.yaml');
+    expect(result.ok).toBe(false);
+    if (!result.ok)
+      expect(result.errors.map(formatSourceError)).toEqual([
+        'x.yaml:6:15: plan "p": "GET /a" must map to per_hour and/or per_day',
+      ]);
   });
 
   it('yields no table at all, even when most rows are fine', () => {
@@ -113,6 +136,16 @@ describe('a valid table', () => {
     if (!result.ok) throw new Error('invalid');
     expect(result.table.timezone).toBe('UTC');
     expect(result.table.rows[0]?.shadow).toBe(true);
+  });
+
+  it('reads a plans key with no value as no plans, and YAML aliases as their values', () => {
+    const result = parseLimits(
+      'limits:\n  - {name: A, route: GET /a, per_hour: &n 10, per_day: *n}\nplans:\n',
+      'a.yaml',
+    );
+    if (!result.ok) throw new Error(result.errors.map(formatSourceError).join('\n'));
+    expect(result.table.rows[0]?.limits).toEqual({ perHour: 10, perDay: 10 });
+    expect(result.table.plans.size).toBe(0);
   });
 
   it('reports a missing file as an error, not a crash', async () => {
