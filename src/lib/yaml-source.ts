@@ -1,15 +1,4 @@
-import {
-  isMap,
-  isScalar,
-  isSeq,
-  LineCounter,
-  parseDocument,
-  visit,
-  type Document,
-  type Node,
-  type Pair,
-  type YAMLMap,
-} from 'yaml';
+import { isMap, isScalar, isSeq, LineCounter, parseDocument, visit, type Document, type Node } from 'yaml';
 
 /**
  * A YAML file read with positions, shared by the loaders of `limits.yaml`, `gateway.yaml` and
@@ -111,12 +100,6 @@ export class YamlSource {
     return { line: pos.line, column: pos.col };
   }
 
-  /** Line of the last character of `node`. */
-  endLine(node: unknown): number {
-    const range = (node as Node | undefined)?.range;
-    return range ? this.#lines.linePos(Math.max(range[0], range[2] - 1)).line : 1;
-  }
-
   error(node: unknown, message: string, row?: { row: number; rowName?: string }): SourceError {
     return { file: this.file, ...this.position(node), ...row, message };
   }
@@ -144,30 +127,4 @@ function firstLine(message: string): string {
 /** A mapping key as plain data names it: a scalar's value as text. */
 function keyText(key: unknown): string {
   return isScalar(key) ? String(key.value) : String(key);
-}
-
-export const isYamlMap = (node: unknown): node is YAMLMap<unknown, unknown> => isMap(node);
-export const isYamlSeq = isSeq;
-
-/** The pairs of a map with their key as a string (keys that are not plain scalars read as their text). */
-export function entries(
-  map: YAMLMap<unknown, unknown>,
-): Array<{ key: string; pair: Pair<unknown, unknown>; value: unknown }> {
-  return map.items.map((pair) => ({
-    key: isScalar(pair.key) ? String(pair.key.value) : String(pair.key),
-    pair,
-    value: pair.value,
-  }));
-}
-
-/** Describes a scalar's value for an error message: `60`, `"60"`, `true`, `null`. */
-export function describe(node: unknown): string {
-  if (isScalar(node)) return JSON.stringify(node.value) ?? String(node.value);
-  if (isMap(node)) return 'a mapping';
-  if (isSeq(node)) return 'a list';
-  return 'nothing';
-}
-
-export function scalarValue(node: unknown): unknown {
-  return isScalar(node) ? node.value : undefined;
 }
