@@ -33,6 +33,10 @@ export interface Settings {
   readonly bridges: Readonly<Record<BridgeName, URL>>;
   readonly upstreamTimeoutMs: number;
   readonly apiKeyHeader: string;
+  /** The header that tells a bridge the id of an issued key; undefined: none is sent. */
+  readonly consumerIdHeader: string | undefined;
+  /** Browser origins answered with CORS headers (`scheme://host[:port]`); empty: no CORS. */
+  readonly corsOrigins: readonly string[];
   readonly maxBodyBytes: number;
   readonly logLevel: LogLevel;
   readonly workers: number;
@@ -92,7 +96,7 @@ const protocolOf = (url: string): string | undefined => (URL.canParse(url) ? new
 const HOST = /^[A-Za-z0-9.:\-[\]]+$/;
 // RFC 9110 §5.1: a field name is a token.
 const HEADER_TOKEN = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
-/** Headers a request needs for itself, or that the gateway reads: API_KEY_HEADER may not be one of them. */
+/** Headers a request needs for itself, or that the gateway reads: no setting may name one of them. */
 const RESERVED_HEADERS = new Set([
   ...['host', 'connection', 'content-length', 'content-type', 'transfer-encoding', 'upgrade', 'te', 'trailer'],
   ...['keep-alive', 'authorization', 'x-otp-token', 'x-request-id'],
@@ -134,6 +138,29 @@ const clusterNodes = v.pipe(
   ),
 );
 
+/** An empty value turns the header off. */
+const headerOrNone = v.pipe(
+  asText,
+  v.check((s) => s.trim() === '' || HEADER_TOKEN.test(s.trim()), mustBe('an HTTP header name')),
+  v.transform((s) => s.trim() || undefined),
+);
+
+// An origin as a browser sends it in `Origin` (RFC 6454 §6.2, ASCII serialization): `http(s)://host[:port]`.
+const corsOrigins = v.pipe(
+  list,
+  v.array(
+    v.pipe(
+      v.string(),
+      v.check((origin) => origin !== '*', '"*" is not allowed: list the origins, such as https://app.example.com'),
+      v.check(
+        (origin) => /^https?:$/.test(protocolOf(origin) ?? '') && new URL(origin).origin === origin,
+        (issue) =>
+          `"${issue.input}" is not an origin: scheme://host[:port] as browsers send it, such as https://app.example.com`,
+      ),
+    ),
+  ),
+);
+
 const DEFAULT_FAILURE_MODE: FailureMode = 'insurance';
 const DEFAULT_LOG_LEVEL: LogLevel = 'info';
 const DEFAULT_API_KEY_MODE: ApiKeyMode = 'registered';
@@ -143,6 +170,8 @@ interface Field<T> {
   readonly env: string;
   readonly schema: v.GenericSchema<unknown, T>;
   readonly fallback: T;
+  /** An empty variable is a value (it turns the setting off), not an unset one. */
+  readonly blank?: boolean;
 }
 
 const FIELDS = {
@@ -177,6 +206,8 @@ const FIELDS = {
   fno: { env: 'FNO_BRIDGE_URL', schema: bridgeUrl, fallback: undefined },
   upstreamTimeoutMs: { env: 'UPSTREAM_TIMEOUT_MS', schema: int(1, 600_000, 'milliseconds'), fallback: 10_000 },
   apiKeyHeader: { env: 'API_KEY_HEADER', schema: text('an HTTP header name', HEADER_TOKEN), fallback: 'X-API-Key' },
+  consumerIdHeader: { env: 'CONSUMER_ID_HEADER', schema: headerOrNone, fallback: 'X-Consumer-Id', blank: true },
+  corsOrigins: { env: 'CORS_ORIGINS', schema: corsOrigins, fallback: [], blank: true },
   maxBodyBytes: { env: 'MAX_BODY_BYTES', schema: int(0, 1024 ** 3, 'a byte count'), fallback: 1_048_576 },
   logLevel: {
     env: 'LOG_LEVEL',
@@ -319,7 +350,7 @@ function fromEnvironment(env: NodeJS.ProcessEnv): Partial<Values> {
   const values: Partial<Record<keyof Values, unknown>> = {};
   for (const [name, field] of FIELD_LIST) {
     const raw = env[field.env];
-    if (raw === undefined || raw === '') continue;
+    if (raw === undefined || (raw === '' && !field.blank)) continue;
     const result = v.safeParse(field.schema, raw);
     if (result.issues) {
       const message = withoutSecrets(field.env, result.issues[0].message.replace(`, got "${raw}"`, ''));
@@ -346,9 +377,18 @@ function checkTogether(values: Values): void {
       `WORKERS=${values.workers}: several processes must share their counters, so REDIS_URL or REDIS_CLUSTER_NODES is required`,
     );
   }
-  if (RESERVED_HEADERS.has(values.apiKeyHeader.toLowerCase())) {
+  const ownHeader = (env: string, header: string, example: string): void => {
+    if (RESERVED_HEADERS.has(header.toLowerCase()))
+      throw new SettingsError(
+        `${env}=${header}: that header has another meaning; choose a header of its own, such as ${example}`,
+      );
+  };
+  ownHeader('API_KEY_HEADER', values.apiKeyHeader, 'X-API-Key');
+  if (values.consumerIdHeader === undefined) return;
+  ownHeader('CONSUMER_ID_HEADER', values.consumerIdHeader, 'X-Consumer-Id');
+  if (values.consumerIdHeader.toLowerCase() === values.apiKeyHeader.toLowerCase()) {
     throw new SettingsError(
-      `API_KEY_HEADER=${values.apiKeyHeader}: that header has another meaning; choose a header of its own, such as X-API-Key`,
+      `CONSUMER_ID_HEADER=${values.consumerIdHeader}: API_KEY_HEADER is that header; choose another, or an empty value to send none`,
     );
   }
 }

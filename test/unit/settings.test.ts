@@ -2,7 +2,7 @@ import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { loadSettings } from '../../src/config/settings.js';
+import { loadSettings, SETTING_VARIABLES } from '../../src/config/settings.js';
 
 const BRIDGES = { EQT_BRIDGE_URL: 'http://127.0.0.1:7001', FNO_BRIDGE_URL: 'http://127.0.0.1:7002' };
 const empty = mkdtempSync(join(tmpdir(), 'oapi-settings-'));
@@ -82,6 +82,33 @@ const REFUSED: Array<[Record<string, string>, string]> = [
     'ADMIN_TOKEN=…: must be at least 16 characters of A-Z a-z 0-9 - . _ ~ + /, optionally ending in = (RFC 6750 §2.1)',
   ],
   [{ ...BRIDGES, MAX_HEADER_COUNT: '5' }, 'MAX_HEADER_COUNT=5: must be a count of header lines (10-10000)'],
+  [{ ...BRIDGES, CONSUMER_ID_HEADER: 'X Consumer' }, 'CONSUMER_ID_HEADER=X Consumer: must be an HTTP header name'],
+  [
+    { ...BRIDGES, CONSUMER_ID_HEADER: 'Host' },
+    'CONSUMER_ID_HEADER=Host: that header has another meaning; choose a header of its own, such as X-Consumer-Id',
+  ],
+  [
+    { ...BRIDGES, CONSUMER_ID_HEADER: 'x-api-key' },
+    'CONSUMER_ID_HEADER=x-api-key: API_KEY_HEADER is that header; choose another, or an empty value to send none',
+  ],
+  [
+    { ...BRIDGES, API_KEY_HEADER: 'X-Consumer-Id' },
+    'CONSUMER_ID_HEADER=X-Consumer-Id: API_KEY_HEADER is that header; choose another, or an empty value to send none',
+  ],
+  [
+    { ...BRIDGES, CORS_ORIGINS: 'https://app.example.com,*' },
+    'CORS_ORIGINS=https://app.example.com,*: "*" is not allowed: list the origins, such as https://app.example.com',
+  ],
+  ...['https://app.example.com/', 'https://app.example.com/app', 'app.example.com', 'ftp://files.example.com'].map(
+    (origin): [Record<string, string>, string] => [
+      { ...BRIDGES, CORS_ORIGINS: `http://localhost:3000, ${origin}` },
+      `CORS_ORIGINS=http://localhost:3000, ${origin}: "${origin}" is not an origin: scheme://host[:port] as browsers send it, such as https://app.example.com`,
+    ],
+  ),
+  [
+    { ...BRIDGES, CORS_ORIGINS: 'https://App.Example.com:443' },
+    'CORS_ORIGINS=https://App.Example.com:443: "https://App.Example.com:443" is not an origin: scheme://host[:port] as browsers send it, such as https://app.example.com',
+  ],
 ];
 
 describe('settings from the environment', () => {
@@ -101,6 +128,8 @@ describe('settings from the environment', () => {
       logLevel: 'info',
       workers: 1,
       apiKeyMode: 'registered',
+      consumerIdHeader: 'X-Consumer-Id',
+      corsOrigins: [],
     });
     expect(s.limitsFile).toBe(join(empty, 'limits.yaml'));
     expect(s.routing.routes.get('POST /oapi/auth/gen-secret-key/derivative')).toBe('fno');
@@ -144,6 +173,43 @@ describe('settings from the environment', () => {
     expect(() => loadSettings({ env: BRIDGES, cwd: dir, configFile: 'gw.yaml' })).toThrow(
       /^gw\.yaml:1:12: redis_url must be a redis:\/\/ or rediss:\/\/ URL$/,
     );
+  });
+});
+
+describe('the consumer id header and CORS settings', () => {
+  it('reads CONSUMER_ID_HEADER from the file and the environment; an empty value turns it off', () => {
+    expect(load({ ...BRIDGES, CONSUMER_ID_HEADER: 'X-Client-Id' }).consumerIdHeader).toBe('X-Client-Id');
+    expect(load({ ...BRIDGES, CONSUMER_ID_HEADER: '' }).consumerIdHeader).toBeUndefined();
+    expect(load({ ...BRIDGES, CONSUMER_ID_HEADER: '', API_KEY_HEADER: 'X-Consumer-Id' })).toMatchObject({
+      apiKeyHeader: 'X-Consumer-Id',
+      consumerIdHeader: undefined,
+    });
+    expect(withFile('consumer_id_header: X-Org-Id\n').consumerIdHeader).toBe('X-Org-Id');
+    expect(withFile('consumer_id_header: ""\n').consumerIdHeader).toBeUndefined();
+    expect(withFile('consumer_id_header:\n').consumerIdHeader).toBe('X-Consumer-Id'); // no value: the default
+    expect(withFile('consumer_id_header: X-Org-Id\n', { CONSUMER_ID_HEADER: '' }).consumerIdHeader).toBeUndefined();
+    expect(withFile('consumer_id_header: ""\n', { CONSUMER_ID_HEADER: 'X-Env-Id' }).consumerIdHeader).toBe('X-Env-Id');
+    expect(fileMessage('consumer_id_header: X Org\n')).toBe(
+      'gw.yaml:1:21: consumer_id_header must be an HTTP header name, got "X Org"',
+    );
+  });
+
+  it('reads CORS_ORIGINS as a comma-separated list of origins, none when unset or empty', () => {
+    expect(load({ ...BRIDGES, CORS_ORIGINS: ' https://app.example.com , http://localhost:3000,' }).corsOrigins).toEqual(
+      ['https://app.example.com', 'http://localhost:3000'],
+    );
+    expect(load({ ...BRIDGES, CORS_ORIGINS: 'http://[::1]:8080' }).corsOrigins).toEqual(['http://[::1]:8080']);
+    expect(load({ ...BRIDGES, CORS_ORIGINS: '' }).corsOrigins).toEqual([]);
+    expect(withFile('cors_origins: https://app.example.com\n').corsOrigins).toEqual(['https://app.example.com']);
+    expect(withFile('cors_origins: https://app.example.com\n', { CORS_ORIGINS: '' }).corsOrigins).toEqual([]);
+    expect(fileMessage('cors_origins: "https://app.example.com, *"\n')).toBe(
+      'gw.yaml:1:15: cors_origins "*" is not allowed: list the origins, such as https://app.example.com',
+    );
+    // Credentials in a URL are masked, as in every other setting.
+    expect(message({ ...BRIDGES, CORS_ORIGINS: 'https://user:hunter2@app.example.com' })).toBe(
+      'CORS_ORIGINS=https://…@app.example.com: "https://…@app.example.com" is not an origin: scheme://host[:port] as browsers send it, such as https://app.example.com',
+    );
+    expect(SETTING_VARIABLES).toEqual(expect.arrayContaining(['CONSUMER_ID_HEADER', 'CORS_ORIGINS']));
   });
 });
 
