@@ -1,33 +1,102 @@
 import { readFile } from 'node:fs/promises';
-import type { YAMLMap } from 'yaml';
+import * as v from 'valibot';
 import { parseRoute, type Route } from '../limits/route.js';
 import { isValidTimezone } from '../limits/windows.js';
-import { buildTable, type LimitRow, type LimitTable, type Plan, type RowLimits } from '../limits/limit-table.js';
-import {
-  describe,
-  entries,
-  isYamlMap,
-  isYamlSeq,
-  scalarValue,
-  YamlSource,
-  byPosition,
-  type SourceError,
-} from '../lib/yaml-source.js';
+import { buildTable, type LimitRow, type LimitTable, type Plan } from '../limits/limit-table.js';
+import { YamlSource, type SourceError } from '../lib/yaml-source.js';
+import { closed, describe, got, issuesOf, mapping, sourceErrors, valid, type Issue } from '../lib/yaml-schema.js';
 
 /**
- * Reads and validates `limits.yaml` (INTERFACE §4, plans of §10). Every problem is reported,
- * each with its line, column and row; a file with any problem yields no table at all.
+ * Reads and validates `limits.yaml` (README "The limit table"; plans: "API keys and plans").
+ * Every problem is reported, each with its line, column and row; a file with any problem yields
+ * no table at all. The schema checks each row and plan on its own; what it cannot see (routes
+ * unique across rows, plans naming rows) is checked once the file has the schema's shape.
  */
 
 export type LimitsLoad =
   { readonly ok: true; readonly table: LimitTable } | { readonly ok: false; readonly errors: readonly SourceError[] };
 
-const TOP_KEYS = ['timezone', 'limits', 'plans'];
-const ROW_KEYS = ['name', 'route', 'also', 'per_hour', 'per_day', 'shadow'];
-const PLAN_KEYS = ['scale', 'rows'];
-const PLAN_ROW_KEYS = ['per_hour', 'per_day'];
-const PLAN_NAME = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
-const DEFAULT_TIMEZONE = 'UTC';
+const positiveInteger = (field: string) =>
+  valid(v.number, (n) => Number.isSafeInteger(n) && n > 0, got(`${field} must be a positive integer`));
+
+/** `METHOD /path` (limits/route.ts), read into a route. */
+export const ROUTE = v.pipe(
+  v.string(got('a route must be a string "METHOD /path"')),
+  v.rawTransform(({ dataset, addIssue, NEVER }) => {
+    const route = parseRoute(dataset.value);
+    if (typeof route !== 'string') return route;
+    addIssue({ message: route });
+    return NEVER;
+  }),
+);
+
+/** `METHOD /path` kept as written: a key of a mapping. */
+export const ROUTE_TEXT = valid(
+  v.string,
+  (text) => typeof parseRoute(text) !== 'string',
+  (issue) => parseRoute(String(issue.input)) as string,
+);
+
+const ROW = v.pipe(
+  closed(
+    {
+      name: valid(v.string, (name) => name.trim() !== '', got('name must be a non-empty string')),
+      route: ROUTE,
+      also: v.optional(v.array(ROUTE, got('also must be a list of routes')), []),
+      per_hour: positiveInteger('per_hour'),
+      per_day: positiveInteger('per_day'),
+      shadow: v.optional(v.boolean(got('shadow must be true or false')), false),
+    },
+    () => 'a row must be a mapping with name, route, per_hour and per_day',
+  ),
+  v.forward(
+    v.partialCheck(
+      [['per_hour'], ['per_day']],
+      (row) => row.per_day >= row.per_hour,
+      (issue) => `per_day (${issue.input.per_day}) is below per_hour (${issue.input.per_hour})`,
+    ),
+    ['per_day'],
+  ),
+);
+
+const PLAN_ROW = closed(
+  { per_hour: v.optional(positiveInteger('per_hour')), per_day: v.optional(positiveInteger('per_day')) },
+  () => 'must map to per_hour and/or per_day',
+  (key) => `unknown key "${key}" (expected per_hour or per_day)`,
+);
+const PLAN = closed(
+  {
+    scale: v.optional(
+      valid(v.number, (n) => Number.isFinite(n) && n > 0, got('scale must be a positive number')),
+      1,
+    ),
+    rows: v.optional(
+      v.pipe(mapping(got('rows must be a mapping of routes to per_hour/per_day')), v.record(ROUTE_TEXT, PLAN_ROW)),
+      {},
+    ),
+  },
+  () => 'must be a mapping with "scale" and/or "rows"',
+);
+const PLAN_NAME = v.pipe(
+  v.string(),
+  v.regex(/^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/, 'a plan name is letters, digits, ".", "_" and "-" (at most 64)'),
+);
+
+const listMessage = 'limits must be a non-empty list of rows';
+const FILE = closed(
+  {
+    timezone: v.optional(
+      valid(v.string, isValidTimezone, (issue) => `unknown timezone ${describe(issue.input)}`),
+      'UTC',
+    ),
+    limits: v.pipe(v.array(ROW, listMessage), v.nonEmpty(listMessage)),
+    plans: v.nullish(v.pipe(mapping(got('plans must be a mapping of plan names')), v.record(PLAN_NAME, PLAN)), {}),
+  },
+  () => 'the file must be a mapping with "limits" (and optionally "timezone" and "plans")',
+);
+
+type Table = v.InferOutput<typeof FILE>;
+type DraftRow = Omit<LimitRow, 'counterId'>;
 
 export async function readLimitsFile(path: string, displayName = path): Promise<LimitsLoad> {
   let text: string;
@@ -43,43 +112,104 @@ export async function readLimitsFile(path: string, displayName = path): Promise<
 export function parseLimits(text: string, file: string, loadedAt = new Date()): LimitsLoad {
   const { source, errors } = YamlSource.parse(file, text);
   if (errors.length > 0) return { ok: false, errors: withRows(text, errors) };
-  const root = source.root;
-  if (!isYamlMap(root)) {
-    return {
-      ok: false,
-      errors: [source.error(root, 'the file must be a mapping with "limits" (and optionally "timezone" and "plans")')],
-    };
-  }
+  const result = v.safeParse(FILE, source.data);
+  const issues = issuesOf(result.issues);
+  // What a row or plan says about others is checked once every row and plan has its shape.
+  if (!result.typed) return { ok: false, errors: sourceErrors(source, issues.map(inContext(source.data))) };
 
-  let timezone = DEFAULT_TIMEZONE;
-  let limitsNode: unknown;
-  let plansNode: unknown;
-  for (const { key, pair, value } of entries(root)) {
-    if (key === 'timezone') {
-      const tz = scalarValue(value);
-      if (typeof tz !== 'string' || !isValidTimezone(tz))
-        errors.push(source.error(value, `unknown timezone ${describe(value)}`));
-      else timezone = tz;
-    } else if (key === 'limits') {
-      limitsNode = value;
-    } else if (key === 'plans') {
-      plansNode = value;
-    } else {
-      errors.push(source.error(pair.key, `unknown key "${key}" (expected one of ${TOP_KEYS.join(', ')})`));
-    }
-  }
-
-  const routesSeen = new Set<string>();
-  const rows = readRows(source, root, limitsNode, errors, routesSeen);
-  const plans =
-    plansNode === undefined || plansNode === null
-      ? new Map<string, Plan>()
-      : readPlans(source, plansNode, rows, routesSeen, errors);
-  if (errors.length > 0) return { ok: false, errors: byPosition(errors) };
-  return { ok: true, table: buildTable({ file, text, timezone, rows, plans, loadedAt }) };
+  const rows: DraftRow[] = result.output.limits.map((row, index) => ({
+    index,
+    id: row.route.key,
+    name: row.name,
+    route: row.route,
+    also: row.also,
+    limits: { perHour: row.per_hour, perDay: row.per_day },
+    shadow: row.shadow,
+  }));
+  issues.push(...duplicateRoutes(source, rows));
+  const plans = readPlans(result.output.plans, rows, issues);
+  if (issues.length > 0) return { ok: false, errors: sourceErrors(source, issues.map(inContext(source.data))) };
+  return { ok: true, table: buildTable({ file, text, timezone: result.output.timezone, rows, plans, loadedAt }) };
 }
 
-type DraftRow = Omit<LimitRow, 'counterId'>;
+/** A route appears once in the whole file. */
+function duplicateRoutes(source: YamlSource, rows: readonly DraftRow[]): Issue[] {
+  const issues: Issue[] = [];
+  const seen = new Map<string, { row: DraftRow; line: number }>();
+  for (const row of rows) {
+    const routes: Array<[Route, Issue['path']]> = [
+      [row.route, ['limits', row.index, 'route']],
+      ...row.also.map((route, i): [Route, Issue['path']] => [route, ['limits', row.index, 'also', i]]),
+    ];
+    for (const [route, path] of routes) {
+      const first = seen.get(route.key);
+      if (!first) seen.set(route.key, { row, line: source.position(source.at(path)).line });
+      else {
+        const where = `row ${first.row.index + 1} (${first.row.name}) at line ${first.line}`;
+        issues.push({ path, message: `route "${route.text}" is already used by ${where}` });
+      }
+    }
+  }
+  return issues;
+}
+
+/**
+ * Each plan's numbers for every row: the row's scaled by `scale` (at least 1), or the plan's own.
+ * Adds to `issues` a plan row whose route no row has, and a plan row whose per_day ends up below
+ * its per_hour (rows and plans with errors of their own are reported there, not again here).
+ */
+function readPlans(plans: Table['plans'], rows: readonly DraftRow[], issues: Issue[]): Map<string, Plan> {
+  const before = [...issues];
+  const invalid = (section: string, at: string | number) =>
+    before.some((issue) => issue.path[0] === section && issue.path[1] === at);
+  const rowByRoute = new Map(rows.flatMap((row) => [row.route, ...row.also].map((route) => [route.key, row])));
+  const result = new Map<string, Plan>();
+  for (const [name, plan] of Object.entries(plans)) {
+    const overrides = new Map<number, { perHour?: number; perDay?: number; text: string }>();
+    for (const [text, numbers] of Object.entries(plan.rows)) {
+      const route = parseRoute(text);
+      if (typeof route === 'string') continue;
+      const row = rowByRoute.get(route.key);
+      if (row) overrides.set(row.index, { perHour: numbers.per_hour, perDay: numbers.per_day, text });
+      else
+        issues.push({
+          path: ['plans', name, 'rows', text],
+          key: true,
+          message: `no row of the table has route "${route.text}"`,
+        });
+    }
+    const limits = rows.map((row) => {
+      const override = overrides.get(row.index);
+      const perHour = override?.perHour ?? Math.max(1, Math.floor(row.limits.perHour * plan.scale));
+      const perDay = override?.perDay ?? Math.max(1, Math.floor(row.limits.perDay * plan.scale));
+      if (perDay < perHour && !invalid('limits', row.index) && !invalid('plans', name)) {
+        issues.push({
+          path: override ? ['plans', name, 'rows', override.text] : ['plans', name],
+          key: override !== undefined,
+          message: `row ${row.index + 1} (${row.name}): per_day (${perDay}) is below per_hour (${perHour})`,
+        });
+      }
+      return { perHour, perDay };
+    });
+    result.set(name, { name, limits });
+  }
+  return result;
+}
+
+/** An issue as it reads in its place: in a row, with the row's number and name; in a plan, after the plan's name. */
+const inContext =
+  (data: unknown) =>
+  (issue: Issue): Issue => {
+    const [section, at, , route] = issue.path;
+    if (section === 'limits' && typeof at === 'number') {
+      const name = (data as { limits: Array<{ name?: unknown }> }).limits[at]?.name;
+      return { ...issue, row: { row: at + 1, ...(typeof name === 'string' && name.trim() ? { rowName: name } : {}) } };
+    }
+    if (section !== 'plans' || at === undefined) return issue;
+    // At a plan row's value itself, the issue is that it is no mapping: say which route's it is.
+    const which = issue.path.length === 4 && !issue.key ? `"${route}" ` : '';
+    return { ...issue, message: `plan "${at}": ${which}${issue.message}` };
+  };
 
 /**
  * Names the row a YAML syntax error is in. Rows are found in the text, by their `-` lines under
@@ -148,203 +278,4 @@ function unquoted(value: string): string {
   const quoted = /^(["'])(.*?)\1/.exec(value);
   if (quoted) return quoted[2] as string;
   return value.replace(/^["']/, '').replace(/\s+#.*$/, '');
-}
-
-/** Reads the rows; `routesSeen` gets every well-formed route, also those of rows with errors. */
-function readRows(
-  source: YamlSource,
-  root: YAMLMap<unknown, unknown>,
-  node: unknown,
-  errors: SourceError[],
-  routesSeen: Set<string>,
-): DraftRow[] {
-  if (node === undefined) {
-    errors.push(source.error(root, 'missing "limits"'));
-    return [];
-  }
-  if (!isYamlSeq(node) || node.items.length === 0) {
-    errors.push(source.error(node, 'limits must be a non-empty list of rows'));
-    return [];
-  }
-  const rows: DraftRow[] = [];
-  const seen = new Map<string, { row: number; name: string; line: number }>();
-
-  node.items.forEach((item, index) => {
-    const rowNumber = index + 1;
-    if (!isYamlMap(item)) {
-      errors.push(
-        source.error(item, 'a row must be a mapping with name, route, per_hour and per_day', { row: rowNumber }),
-      );
-      return;
-    }
-    const fields = new Map(entries(item).map((e) => [e.key, e]));
-    const name = scalarValue(fields.get('name')?.value);
-    const at = { row: rowNumber, ...(typeof name === 'string' && name.trim() ? { rowName: name } : {}) };
-    const rowErrors: SourceError[] = [];
-    const fail = (n: unknown, message: string): void => void rowErrors.push(source.error(n, message, at));
-
-    for (const { key, pair } of fields.values()) {
-      if (!ROW_KEYS.includes(key)) fail(pair.key, `unknown key "${key}" (expected one of ${ROW_KEYS.join(', ')})`);
-    }
-    for (const required of ['name', 'route', 'per_hour', 'per_day']) {
-      if (!fields.has(required)) fail(item, `missing "${required}"`);
-    }
-    if (fields.has('name') && (typeof name !== 'string' || name.trim() === '')) {
-      fail(fields.get('name')?.value, `name must be a non-empty string, got ${describe(fields.get('name')?.value)}`);
-    }
-
-    const routes: Route[] = [];
-    const readRouteNode = (routeNode: unknown): void => {
-      const text = scalarValue(routeNode);
-      if (typeof text !== 'string')
-        return fail(routeNode, `a route must be a string "METHOD /path", got ${describe(routeNode)}`);
-      const route = parseRoute(text);
-      if (typeof route === 'string') return fail(routeNode, route);
-      const line = source.position(routeNode).line;
-      const first = seen.get(route.key);
-      if (first) {
-        return fail(
-          routeNode,
-          `route "${route.text}" is already used by row ${first.row} (${first.name}) at line ${first.line}`,
-        );
-      }
-      seen.set(route.key, { row: rowNumber, name: typeof name === 'string' ? name : '?', line });
-      routesSeen.add(route.key);
-      routes.push(route);
-    };
-    const routeField = fields.get('route');
-    if (routeField) readRouteNode(routeField.value);
-    const alsoField = fields.get('also');
-    if (alsoField) {
-      if (!isYamlSeq(alsoField.value))
-        fail(alsoField.value, `also must be a list of routes, got ${describe(alsoField.value)}`);
-      else for (const alsoNode of alsoField.value.items) readRouteNode(alsoNode);
-    }
-
-    const perHour = positiveInteger(fields.get('per_hour')?.value, 'per_hour', fields.has('per_hour'), fail);
-    const perDay = positiveInteger(fields.get('per_day')?.value, 'per_day', fields.has('per_day'), fail);
-    if (perHour !== undefined && perDay !== undefined && perDay < perHour) {
-      fail(fields.get('per_day')?.value, `per_day (${perDay}) is below per_hour (${perHour})`);
-    }
-    let shadow = false;
-    const shadowField = fields.get('shadow');
-    if (shadowField) {
-      const value = scalarValue(shadowField.value);
-      if (typeof value !== 'boolean')
-        fail(shadowField.value, `shadow must be true or false, got ${describe(shadowField.value)}`);
-      else shadow = value;
-    }
-
-    errors.push(...rowErrors);
-    const [route, ...also] = routes;
-    if (rowErrors.length === 0 && route && perHour !== undefined && perDay !== undefined && typeof name === 'string') {
-      rows.push({ index: rows.length, id: route.key, name, route, also, limits: { perHour, perDay }, shadow });
-    }
-  });
-  return rows;
-}
-
-function positiveInteger(
-  node: unknown,
-  field: string,
-  present: boolean,
-  fail: (n: unknown, m: string) => void,
-): number | undefined {
-  if (!present) return undefined;
-  const value = scalarValue(node);
-  if (typeof value !== 'number' || !Number.isSafeInteger(value) || value <= 0) {
-    fail(node, `${field} must be a positive integer, got ${describe(node)}`);
-    return undefined;
-  }
-  return value;
-}
-
-function readPlans(
-  source: YamlSource,
-  node: unknown,
-  rows: readonly DraftRow[],
-  routesSeen: ReadonlySet<string>,
-  errors: SourceError[],
-): Map<string, Plan> {
-  const plans = new Map<string, Plan>();
-  if (!isYamlMap(node)) {
-    errors.push(source.error(node, `plans must be a mapping of plan names, got ${describe(node)}`));
-    return plans;
-  }
-  const rowByRoute = new Map<string, DraftRow>();
-  for (const row of rows) for (const route of [row.route, ...row.also]) rowByRoute.set(route.key, row);
-
-  for (const { key: name, pair, value } of entries(node)) {
-    const planErrors: SourceError[] = [];
-    const fail = (n: unknown, message: string): void =>
-      void planErrors.push(source.error(n, `plan "${name}": ${message}`));
-    if (!PLAN_NAME.test(name)) fail(pair.key, 'a plan name is letters, digits, ".", "_" and "-" (at most 64)');
-    if (!isYamlMap(value)) {
-      errors.push(source.error(value ?? pair.key, `plan "${name}": must be a mapping with "scale" and/or "rows"`));
-      continue;
-    }
-    let scale = 1;
-    const overrides = new Map<number, { perHour?: number; perDay?: number; node: unknown }>();
-    for (const { key, pair: field, value: fieldValue } of entries(value)) {
-      if (key === 'scale') {
-        const s = scalarValue(fieldValue);
-        if (typeof s !== 'number' || !Number.isFinite(s) || s <= 0)
-          fail(fieldValue, `scale must be a positive number, got ${describe(fieldValue)}`);
-        else scale = s;
-      } else if (key === 'rows') {
-        if (!isYamlMap(fieldValue)) {
-          fail(fieldValue, `rows must be a mapping of routes to per_hour/per_day, got ${describe(fieldValue)}`);
-          continue;
-        }
-        for (const { key: routeText, pair: rowPair, value: numbers } of entries(fieldValue)) {
-          const route = parseRoute(routeText);
-          if (typeof route === 'string') {
-            fail(rowPair.key, route);
-            continue;
-          }
-          const row = rowByRoute.get(route.key);
-          if (!row) {
-            // A row that exists but has errors of its own is reported there, not again here.
-            if (!routesSeen.has(route.key)) fail(rowPair.key, `no row of the table has route "${route.text}"`);
-            continue;
-          }
-          if (!isYamlMap(numbers)) {
-            fail(numbers ?? rowPair.key, `"${route.text}" must map to per_hour and/or per_day`);
-            continue;
-          }
-          const override: { perHour?: number; perDay?: number; node: unknown } = { node: rowPair.key };
-          for (const { key: numberKey, pair: numberPair, value: numberNode } of entries(numbers)) {
-            if (!PLAN_ROW_KEYS.includes(numberKey)) {
-              fail(numberPair.key, `unknown key "${numberKey}" (expected per_hour or per_day)`);
-              continue;
-            }
-            const n = positiveInteger(numberNode, numberKey, true, fail);
-            if (n !== undefined) override[numberKey === 'per_hour' ? 'perHour' : 'perDay'] = n;
-          }
-          overrides.set(row.index, override);
-        }
-      } else {
-        fail(field.key, `unknown key "${key}" (expected one of ${PLAN_KEYS.join(', ')})`);
-      }
-    }
-
-    const limits: RowLimits[] = rows.map((row) => {
-      const scaled = {
-        perHour: Math.max(1, Math.floor(row.limits.perHour * scale)),
-        perDay: Math.max(1, Math.floor(row.limits.perDay * scale)),
-      };
-      const override = overrides.get(row.index);
-      const result = { perHour: override?.perHour ?? scaled.perHour, perDay: override?.perDay ?? scaled.perDay };
-      if (result.perDay < result.perHour) {
-        fail(
-          override?.node ?? value,
-          `row ${row.index + 1} (${row.name}): per_day (${result.perDay}) is below per_hour (${result.perHour})`,
-        );
-      }
-      return result;
-    });
-    errors.push(...planErrors);
-    if (planErrors.length === 0) plans.set(name, { name, limits });
-  }
-  return plans;
 }

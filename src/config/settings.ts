@@ -1,22 +1,17 @@
 import { existsSync, readFileSync } from 'node:fs';
 import { isAbsolute, resolve } from 'node:path';
+import * as v from 'valibot';
 import type { FailureMode } from '../limits/limiter.js';
 import type { LogLevel } from '../observability/logger.js';
 import { parseRoute, type Route } from '../limits/route.js';
-import {
-  describe,
-  entries,
-  isYamlMap,
-  isYamlSeq,
-  scalarValue,
-  YamlSource,
-  formatSourceError,
-} from '../lib/yaml-source.js';
+import { formatSourceError, YamlSource } from '../lib/yaml-source.js';
+import { closed, describe, got, issuesOf, mapping, sourceErrors, type Issue } from '../lib/yaml-schema.js';
+import { ROUTE, ROUTE_TEXT } from './load-limits.js';
 
 /**
  * Settings of one gateway process: `config/gateway.yaml`, overridden by the environment
- * (INTERFACE §3). Checked once at start-up; a bad value stops start-up with one line naming
- * the variable (or the file, line and key) and what is wrong with it.
+ * (README "Configuration"). Checked once at start-up; a bad value stops start-up with one line
+ * naming the variable (or the file, line and key) and what is wrong with it.
  */
 
 export type BridgeName = 'eqt' | 'fno';
@@ -38,6 +33,10 @@ export interface Settings {
   readonly bridges: Readonly<Record<BridgeName, URL>>;
   readonly upstreamTimeoutMs: number;
   readonly apiKeyHeader: string;
+  /** The header that tells a bridge the id of an issued key; undefined: none is sent. */
+  readonly consumerIdHeader: string | undefined;
+  /** Browser origins answered with CORS headers (`scheme://host[:port]`); empty: no CORS. */
+  readonly corsOrigins: readonly string[];
   readonly maxBodyBytes: number;
   readonly logLevel: LogLevel;
   readonly workers: number;
@@ -56,7 +55,7 @@ export interface Settings {
   readonly trustProxyHops: number;
   /** Which bridge serves a route (by canonical route key); the rest go to `defaultBridge`. */
   readonly routing: { readonly defaultBridge: BridgeName; readonly routes: ReadonlyMap<string, BridgeName> };
-  /** Routes whose body must be JSON credentials (INTERFACE §5.4). */
+  /** Routes whose body must be JSON credentials (README "Configuration", `credential_routes`). */
   readonly credentialRoutes: ReadonlySet<string>;
 }
 
@@ -64,239 +63,177 @@ export class SettingsError extends Error {
   override name = 'SettingsError';
 }
 
+/*
+ * A setting is one scalar, a string from the environment or a YAML string, number or boolean
+ * from the file. Messages name the value as `got "…"`; a line about the environment drops that
+ * part, since it shows the value first (`PORT=99999: must be a port number (0-65535)`).
+ */
 type Raw = string | number | boolean;
-type Parse<T> = (raw: Raw) => T | { error: string };
+const SCALAR = v.custom<Raw>(
+  (raw) => ['string', 'number', 'boolean'].includes(typeof raw),
+  (issue) => `must be a single value, got ${describe(issue.input)}`,
+);
+const asText = v.pipe(SCALAR, v.transform(String));
+const mustBe = (what: string) => (issue: { input: unknown }) => `must be ${what}, got "${String(issue.input)}"`;
 
-interface Field<T> {
-  readonly env: string;
-  readonly file: string;
-  readonly parse: Parse<T>;
-  readonly fallback: T;
-}
-
-const err = (error: string): { error: string } => ({ error });
-
-const int =
-  (min: number, max: number, what: string): Parse<number> =>
-  (raw) => {
-    const n = typeof raw === 'number' ? raw : /^\s*\d+\s*$/.test(String(raw)) ? Number(raw) : NaN;
-    return Number.isSafeInteger(n) && n >= min && n <= max ? n : err(`must be ${what} (${min}-${max}), got "${raw}"`);
-  };
+const int = (min: number, max: number, what: string) =>
+  v.pipe(
+    asText,
+    v.check((s) => /^\s*\d+\s*$/.test(s) && Number(s) >= min && Number(s) <= max, mustBe(`${what} (${min}-${max})`)),
+    v.transform(Number),
+  );
 const port = int(0, 65535, 'a port number');
-const text =
-  (what: string, pattern?: RegExp): Parse<string> =>
-  (raw) => {
-    const s = String(raw).trim();
-    if (s === '' || (pattern && !pattern.test(s))) return err(`must be ${what}, got "${raw}"`);
-    return s;
-  };
-const oneOf =
-  <T extends string>(values: readonly T[]): Parse<T> =>
-  (raw) =>
-    (values as readonly string[]).includes(String(raw))
-      ? (String(raw) as T)
-      : err(`must be one of ${values.join(', ')}, got "${raw}"`);
+const text = (what: string, pattern = /./) =>
+  v.pipe(
+    asText,
+    v.check((s) => pattern.test(s.trim()), mustBe(what)),
+    v.transform((s) => s.trim()),
+  );
+const oneOf = <const T extends string>(values: readonly T[]) =>
+  v.pipe(asText, v.picklist(values, mustBe(`one of ${values.join(', ')}`)));
+
+const protocolOf = (url: string): string | undefined => (URL.canParse(url) ? new URL(url).protocol : undefined);
 const HOST = /^[A-Za-z0-9.:\-[\]]+$/;
+// RFC 9110 §5.1: a field name is a token.
 const HEADER_TOKEN = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
+/** Headers a request needs for itself, or that the gateway reads: no setting may name one of them. */
 const RESERVED_HEADERS = new Set([
-  'host',
-  'connection',
-  'content-length',
-  'content-type',
-  'transfer-encoding',
-  'upgrade',
-  'te',
-  'trailer',
-  'keep-alive',
-  'authorization',
-  'x-otp-token',
-  'x-request-id',
+  ...['host', 'connection', 'content-length', 'content-type', 'transfer-encoding', 'upgrade', 'te', 'trailer'],
+  ...['keep-alive', 'authorization', 'x-otp-token', 'x-request-id'],
 ]);
 
-const bridgeUrl: Parse<URL> = (raw) => {
-  let url: URL;
-  try {
-    url = new URL(String(raw).trim());
-  } catch {
-    return err(`must be an http:// or https:// URL, got "${raw}"`);
-  }
-  if (url.protocol !== 'http:' && url.protocol !== 'https:')
-    return err(`must be an http:// or https:// URL, got "${raw}"`);
-  if (url.username || url.password) return err('must not carry credentials');
-  if (url.search || url.hash) return err('must not have a query or fragment');
-  return url;
-};
+const bridgeUrl = v.pipe(
+  asText,
+  v.check((s) => /^https?:$/.test(protocolOf(s.trim()) ?? ''), mustBe('an http:// or https:// URL')),
+  v.transform((s) => new URL(s.trim())),
+  v.check((url) => !url.username && !url.password, 'must not carry credentials'),
+  v.check((url) => !url.search && !url.hash, 'must not have a query or fragment'),
+);
 
-const redisUrl: Parse<string> = (raw) => {
-  const s = String(raw).trim();
-  try {
-    const url = new URL(s);
-    if (url.protocol === 'redis:' || url.protocol === 'rediss:') return s;
-  } catch {
-    // fall through
-  }
-  return err('must be a redis:// or rediss:// URL');
-};
+const redisUrl = v.pipe(
+  asText,
+  v.transform((s) => s.trim()),
+  v.check((s) => /^rediss?:$/.test(protocolOf(s) ?? ''), 'must be a redis:// or rediss:// URL'),
+);
 
-const clusterNodes: Parse<Array<{ host: string; port: number }>> = (raw) => {
-  const nodes = String(raw)
-    .split(',')
-    .map((n) => n.trim())
-    .filter(Boolean);
-  if (nodes.length === 0) return err('must list host:port,host:port,…');
-  const parsed: Array<{ host: string; port: number }> = [];
-  for (const node of nodes) {
-    const m = /^(.+):(\d{1,5})$/.exec(node);
-    const p = m ? Number(m[2]) : NaN;
-    if (!m || !HOST.test(m[1] ?? '') || p < 1 || p > 65535) return err(`"${node}" is not host:port`);
-    parsed.push({ host: m[1] as string, port: p });
-  }
-  return parsed;
-};
+/** A comma-separated list, blanks dropped. */
+const list = v.pipe(
+  asText,
+  v.transform((s) => s.split(',').flatMap((item) => item.trim() || [])),
+);
+
+const clusterNodes = v.pipe(
+  list,
+  v.nonEmpty('must list host:port,host:port,…'),
+  v.array(
+    v.pipe(
+      v.string(),
+      v.rawTransform(({ dataset: { value: node }, addIssue, NEVER }) => {
+        const [, host, port] = /^([A-Za-z0-9.:\-[\]]+):(\d{1,5})$/.exec(node) ?? [];
+        if (host && Number(port) >= 1 && Number(port) <= 65535) return { host, port: Number(port) };
+        addIssue({ message: `"${node}" is not host:port` });
+        return NEVER;
+      }),
+    ),
+  ),
+);
+
+/** An empty value turns the header off. */
+const headerOrNone = v.pipe(
+  asText,
+  v.check((s) => s.trim() === '' || HEADER_TOKEN.test(s.trim()), mustBe('an HTTP header name')),
+  v.transform((s) => s.trim() || undefined),
+);
+
+// An origin as a browser sends it in `Origin` (RFC 6454 §6.2, ASCII serialization): `http(s)://host[:port]`.
+const corsOrigins = v.pipe(
+  list,
+  v.array(
+    v.pipe(
+      v.string(),
+      v.check((origin) => origin !== '*', '"*" is not allowed: list the origins, such as https://app.example.com'),
+      v.check(
+        (origin) => /^https?:$/.test(protocolOf(origin) ?? '') && new URL(origin).origin === origin,
+        (issue) =>
+          `"${issue.input}" is not an origin: scheme://host[:port] as browsers send it, such as https://app.example.com`,
+      ),
+    ),
+  ),
+);
 
 const DEFAULT_FAILURE_MODE: FailureMode = 'insurance';
 const DEFAULT_LOG_LEVEL: LogLevel = 'info';
 const DEFAULT_API_KEY_MODE: ApiKeyMode = 'registered';
 
+interface Field<T> {
+  /** The variable; its key in the file is the same in lower case (README "Configuration"). */
+  readonly env: string;
+  readonly schema: v.GenericSchema<unknown, T>;
+  readonly fallback: T;
+  /** An empty variable is a value (it turns the setting off), not an unset one. */
+  readonly blank?: boolean;
+}
+
 const FIELDS = {
-  port: { env: 'PORT', file: 'port', parse: port, fallback: 8080 },
-  host: { env: 'HOST', file: 'host', parse: text('a host name or address', HOST), fallback: '0.0.0.0' },
-  adminPort: { env: 'ADMIN_PORT', file: 'admin_port', parse: port, fallback: 9090 },
-  adminHost: {
-    env: 'ADMIN_HOST',
-    file: 'admin_host',
-    parse: text('a host name or address', HOST),
-    fallback: '127.0.0.1',
-  },
+  port: { env: 'PORT', schema: port, fallback: 8080 },
+  host: { env: 'HOST', schema: text('a host name or address', HOST), fallback: '0.0.0.0' },
+  adminPort: { env: 'ADMIN_PORT', schema: port, fallback: 9090 },
+  adminHost: { env: 'ADMIN_HOST', schema: text('a host name or address', HOST), fallback: '127.0.0.1' },
   adminToken: {
     env: 'ADMIN_TOKEN',
-    file: 'admin_token',
     // RFC 6750 §2.1 b64token: what a bearer token may hold, so that every token accepted here is one the admin API accepts.
-    parse: text(
+    schema: text(
       'at least 16 characters of A-Z a-z 0-9 - . _ ~ + /, optionally ending in = (RFC 6750 §2.1)',
       /^[A-Za-z0-9._~+/-]{16,}=*$/,
     ),
     fallback: undefined,
   },
-  redisUrl: { env: 'REDIS_URL', file: 'redis_url', parse: redisUrl, fallback: undefined },
-  redisClusterNodes: {
-    env: 'REDIS_CLUSTER_NODES',
-    file: 'redis_cluster_nodes',
-    parse: clusterNodes,
-    fallback: undefined,
-  },
+  redisUrl: { env: 'REDIS_URL', schema: redisUrl, fallback: undefined },
+  redisClusterNodes: { env: 'REDIS_CLUSTER_NODES', schema: clusterNodes, fallback: undefined },
   redisFailureMode: {
     env: 'REDIS_FAILURE_MODE',
-    file: 'redis_failure_mode',
-    parse: oneOf<FailureMode>(['insurance', 'open', 'closed']),
+    schema: oneOf<FailureMode>(['insurance', 'open', 'closed']),
     fallback: DEFAULT_FAILURE_MODE,
   },
-  redisTimeoutMs: {
-    env: 'REDIS_TIMEOUT_MS',
-    file: 'redis_timeout_ms',
-    parse: int(10, 60_000, 'milliseconds'),
-    fallback: 200,
-  },
+  redisTimeoutMs: { env: 'REDIS_TIMEOUT_MS', schema: int(10, 60_000, 'milliseconds'), fallback: 200 },
   redisKeyPrefix: {
     env: 'REDIS_KEY_PREFIX',
-    file: 'redis_key_prefix',
-    parse: text('a key prefix without spaces or braces', /^[^\s{}]{1,64}$/),
+    schema: text('a key prefix without spaces or braces', /^[^\s{}]{1,64}$/),
     fallback: 'oapi:',
   },
-  limitsFile: { env: 'LIMITS_FILE', file: 'limits_file', parse: text('a file path'), fallback: 'limits.yaml' },
-  eqt: { env: 'EQT_BRIDGE_URL', file: 'eqt_bridge_url', parse: bridgeUrl, fallback: undefined },
-  fno: { env: 'FNO_BRIDGE_URL', file: 'fno_bridge_url', parse: bridgeUrl, fallback: undefined },
-  upstreamTimeoutMs: {
-    env: 'UPSTREAM_TIMEOUT_MS',
-    file: 'upstream_timeout_ms',
-    parse: int(1, 600_000, 'milliseconds'),
-    fallback: 10_000,
-  },
-  apiKeyHeader: {
-    env: 'API_KEY_HEADER',
-    file: 'api_key_header',
-    parse: text('an HTTP header name', HEADER_TOKEN),
-    fallback: 'X-API-Key',
-  },
-  maxBodyBytes: {
-    env: 'MAX_BODY_BYTES',
-    file: 'max_body_bytes',
-    parse: int(0, 1024 ** 3, 'a byte count'),
-    fallback: 1_048_576,
-  },
+  limitsFile: { env: 'LIMITS_FILE', schema: text('a file path'), fallback: 'limits.yaml' },
+  eqt: { env: 'EQT_BRIDGE_URL', schema: bridgeUrl, fallback: undefined },
+  fno: { env: 'FNO_BRIDGE_URL', schema: bridgeUrl, fallback: undefined },
+  upstreamTimeoutMs: { env: 'UPSTREAM_TIMEOUT_MS', schema: int(1, 600_000, 'milliseconds'), fallback: 10_000 },
+  apiKeyHeader: { env: 'API_KEY_HEADER', schema: text('an HTTP header name', HEADER_TOKEN), fallback: 'X-API-Key' },
+  consumerIdHeader: { env: 'CONSUMER_ID_HEADER', schema: headerOrNone, fallback: 'X-Consumer-Id', blank: true },
+  corsOrigins: { env: 'CORS_ORIGINS', schema: corsOrigins, fallback: [], blank: true },
+  maxBodyBytes: { env: 'MAX_BODY_BYTES', schema: int(0, 1024 ** 3, 'a byte count'), fallback: 1_048_576 },
   logLevel: {
     env: 'LOG_LEVEL',
-    file: 'log_level',
-    parse: oneOf<LogLevel>(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']),
+    schema: oneOf<LogLevel>(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']),
     fallback: DEFAULT_LOG_LEVEL,
   },
-  workers: { env: 'WORKERS', file: 'workers', parse: int(1, 64, 'a process count'), fallback: 1 },
-  apiKeyMode: {
-    env: 'API_KEY_MODE',
-    file: 'api_key_mode',
-    parse: oneOf<ApiKeyMode>(['registered', 'any']),
-    fallback: DEFAULT_API_KEY_MODE,
-  },
-  apiKeysFile: { env: 'API_KEYS_FILE', file: 'api_keys_file', parse: text('a file path'), fallback: undefined },
-  invalidKeyAttempts: {
-    env: 'INVALID_KEY_MAX_ATTEMPTS',
-    file: 'invalid_key_max_attempts',
-    parse: int(1, 1_000_000, 'a count'),
-    fallback: 20,
-  },
-  invalidKeyWindowSeconds: {
-    env: 'INVALID_KEY_WINDOW_SECONDS',
-    file: 'invalid_key_window_seconds',
-    parse: int(1, 86_400, 'seconds'),
-    fallback: 300,
-  },
-  shutdownTimeoutMs: {
-    env: 'SHUTDOWN_TIMEOUT_MS',
-    file: 'shutdown_timeout_ms',
-    parse: int(0, 600_000, 'milliseconds'),
-    fallback: 10_000,
-  },
-  headersTimeoutMs: {
-    env: 'HEADERS_TIMEOUT_MS',
-    file: 'headers_timeout_ms',
-    parse: int(100, 600_000, 'milliseconds'),
-    fallback: 10_000,
-  },
-  requestTimeoutMs: {
-    env: 'REQUEST_TIMEOUT_MS',
-    file: 'request_timeout_ms',
-    parse: int(100, 3_600_000, 'milliseconds'),
-    fallback: 30_000,
-  },
-  maxHeaderBytes: {
-    env: 'MAX_HEADER_BYTES',
-    file: 'max_header_bytes',
-    parse: int(1024, 1_048_576, 'a byte count'),
-    fallback: 16_384,
-  },
-  maxHeaderCount: {
-    env: 'MAX_HEADER_COUNT',
-    file: 'max_header_count',
-    parse: int(10, 10_000, 'a count of header lines'),
-    fallback: 100,
-  },
-  trustProxyHops: {
-    env: 'TRUST_PROXY_HOPS',
-    file: 'trust_proxy_hops',
-    parse: int(0, 10, 'a count of proxies'),
-    fallback: 0,
-  },
+  workers: { env: 'WORKERS', schema: int(1, 64, 'a process count'), fallback: 1 },
+  apiKeyMode: { env: 'API_KEY_MODE', schema: oneOf<ApiKeyMode>(['registered', 'any']), fallback: DEFAULT_API_KEY_MODE },
+  apiKeysFile: { env: 'API_KEYS_FILE', schema: text('a file path'), fallback: undefined },
+  invalidKeyAttempts: { env: 'INVALID_KEY_MAX_ATTEMPTS', schema: int(1, 1_000_000, 'a count'), fallback: 20 },
+  invalidKeyWindowSeconds: { env: 'INVALID_KEY_WINDOW_SECONDS', schema: int(1, 86_400, 'seconds'), fallback: 300 },
+  shutdownTimeoutMs: { env: 'SHUTDOWN_TIMEOUT_MS', schema: int(0, 600_000, 'milliseconds'), fallback: 10_000 },
+  headersTimeoutMs: { env: 'HEADERS_TIMEOUT_MS', schema: int(100, 600_000, 'milliseconds'), fallback: 10_000 },
+  requestTimeoutMs: { env: 'REQUEST_TIMEOUT_MS', schema: int(100, 3_600_000, 'milliseconds'), fallback: 30_000 },
+  maxHeaderBytes: { env: 'MAX_HEADER_BYTES', schema: int(1024, 1_048_576, 'a byte count'), fallback: 16_384 },
+  maxHeaderCount: { env: 'MAX_HEADER_COUNT', schema: int(10, 10_000, 'a count of header lines'), fallback: 100 },
+  trustProxyHops: { env: 'TRUST_PROXY_HOPS', schema: int(0, 10, 'a count of proxies'), fallback: 0 },
 } satisfies Record<string, Field<unknown>>;
 
 type Values = {
-  -readonly [K in keyof typeof FIELDS]:
-    (typeof FIELDS)[K]['fallback'] | Exclude<ReturnType<(typeof FIELDS)[K]['parse']>, { error: string }>;
+  -readonly [K in keyof typeof FIELDS]: (typeof FIELDS)[K]['fallback'] | v.InferOutput<(typeof FIELDS)[K]['schema']>;
 };
+const FIELD_LIST = Object.entries(FIELDS) as Array<[keyof Values, Field<unknown>]>;
 
 /** Every environment variable the settings are read from (deploy manifests are held to this list). */
-export const SETTING_VARIABLES: readonly string[] = ['GATEWAY_CONFIG', ...Object.values(FIELDS).map((f) => f.env)];
-
-const FILE_KEYS = new Set<string>([...Object.values(FIELDS).map((f) => f.file), 'routing', 'credential_routes']);
+export const SETTING_VARIABLES: readonly string[] = ['GATEWAY_CONFIG', ...FIELD_LIST.map(([, f]) => f.env)];
 
 export const DEFAULT_API_KEYS_FILE = 'config/api-keys.yaml';
 export const DEFAULT_CREDENTIAL_ROUTES = [
@@ -304,6 +241,49 @@ export const DEFAULT_CREDENTIAL_ROUTES = [
   'POST /oapi/auth/gen-secret-key/derivative',
 ];
 export const DEFAULT_ROUTING: Record<string, BridgeName> = { 'POST /oapi/auth/gen-secret-key/derivative': 'fno' };
+
+const BRIDGE = v.picklist(BRIDGES, got('a bridge is eqt or fno'));
+const ROUTING = closed(
+  {
+    default: v.optional(BRIDGE, 'eqt'),
+    routes: v.nullish(
+      v.pipe(
+        mapping(got('routing.routes must map routes to bridges')),
+        v.record(ROUTE_TEXT, BRIDGE),
+        v.transform(
+          (routes) => new Map(Object.entries(routes).map(([r, bridge]) => [(parseRoute(r) as Route).key, bridge])),
+        ),
+      ),
+      {},
+    ),
+  },
+  got('routing must be a mapping with "default" and "routes"'),
+  (key) => `unknown key "${key}" in routing (expected default, routes)`,
+);
+const CREDENTIAL_ROUTES = v.array(
+  v.pipe(
+    ROUTE,
+    v.check(
+      (route) => route.method !== 'WS',
+      (issue) => `"${issue.input.text}" is a WS route`,
+    ),
+  ),
+  got('credential_routes must be a list of routes'),
+);
+
+/** `gateway.yaml`: each setting under its key (`key:` with no value keeps the default), and the two mappings of its own. */
+const FILE = v.nullish(
+  closed(
+    {
+      ...Object.fromEntries(FIELD_LIST.map(([, f]) => [f.env.toLowerCase(), v.nullish(f.schema)])),
+      routing: v.optional(ROUTING, { routes: DEFAULT_ROUTING }),
+      credential_routes: v.optional(CREDENTIAL_ROUTES, DEFAULT_CREDENTIAL_ROUTES),
+    },
+    () => 'must be a mapping of settings',
+    (key) => `unknown setting "${key}"`,
+  ),
+  {},
+);
 
 export interface LoadOptions {
   readonly env?: NodeJS.ProcessEnv;
@@ -316,65 +296,73 @@ export interface LoadOptions {
 export function loadSettings(options: LoadOptions = {}): Settings {
   const env = options.env ?? process.env;
   const cwd = options.cwd ?? process.cwd();
-  const configName = options.configFile ?? env.GATEWAY_CONFIG ?? 'config/gateway.yaml';
-  const configPath = resolve(cwd, configName);
-  const explicitConfig = options.configFile !== undefined || env.GATEWAY_CONFIG !== undefined;
+  const fromFile = readConfigFile(options.configFile ?? env.GATEWAY_CONFIG, cwd);
+  const values = Object.fromEntries(FIELD_LIST.map(([name, f]) => [name, f.fallback])) as Values;
+  Object.assign(values, fromFile.values, fromEnvironment(env));
+  checkTogether(values);
 
-  const values = Object.fromEntries(Object.entries(FIELDS).map(([k, f]) => [k, f.fallback])) as Values;
-  let routing = { defaultBridge: 'eqt' as BridgeName, routes: new Map<string, BridgeName>() };
-  let routingFromFile = false;
-  let credentialRoutes: string[] = DEFAULT_CREDENTIAL_ROUTES;
+  const file = (p: string): string => (isAbsolute(p) ? p : resolve(cwd, p));
+  const apiKeysFile = file(values.apiKeysFile ?? DEFAULT_API_KEYS_FILE);
+  if (values.apiKeysFile && !existsSync(apiKeysFile))
+    throw new SettingsError(`API_KEYS_FILE=${values.apiKeysFile}: file not found`);
+  const { eqt, fno, ...rest } = values;
+  return {
+    ...rest,
+    limitsFile: file(values.limitsFile),
+    bridges: { eqt: eqt as URL, fno: fno as URL },
+    apiKeysFile,
+    // The headers are part of the request: they can never have longer than all of it (Node refuses a longer headersTimeout).
+    headersTimeoutMs: Math.min(values.headersTimeoutMs, values.requestTimeoutMs),
+    routing: { defaultBridge: fromFile.routing.default, routes: fromFile.routing.routes },
+    credentialRoutes: new Set(fromFile.credentialRoutes.map((route) => route.key)),
+  };
+}
 
-  if (existsSync(configPath)) {
-    const { source, errors } = YamlSource.parse(configName, readFileSync(configPath, 'utf8'));
-    if (errors[0]) throw new SettingsError(formatSourceError(errors[0]));
-    const root = source.root;
-    if (root !== null && root !== undefined) {
-      if (!isYamlMap(root))
-        throw new SettingsError(formatSourceError(source.error(root, 'must be a mapping of settings')));
-      for (const { key, pair, value } of entries(root)) {
-        const fail = (node: unknown, message: string): never => {
-          throw new SettingsError(formatSourceError(source.error(node, message)));
-        };
-        if (!FILE_KEYS.has(key)) fail(pair.key, `unknown setting "${key}"`);
-        if (key === 'routing') {
-          routing = readRouting(value, fail);
-          routingFromFile = true;
-          continue;
-        }
-        if (key === 'credential_routes') {
-          if (!isYamlSeq(value)) fail(value, `credential_routes must be a list of routes, got ${describe(value)}`);
-          credentialRoutes = (isYamlSeq(value) ? value.items : []).map((item) => {
-            const route = scalarValue(item);
-            return typeof route === 'string' ? route : fail(item, `a route must be a string, got ${describe(item)}`);
-          });
-          continue;
-        }
-        const [name, field] = Object.entries(FIELDS).find(([, f]) => f.file === key) as [keyof Values, Field<unknown>];
-        const raw = scalarValue(value);
-        if (raw === null || raw === undefined) continue; // `key:` with no value keeps the default
-        if (typeof raw !== 'string' && typeof raw !== 'number' && typeof raw !== 'boolean')
-          fail(value, `${key}: expected a value, got ${describe(value)}`);
-        const parsed = field.parse(raw as Raw);
-        if (isError(parsed)) fail(value, `${key} ${withoutSecrets(field.env, parsed.error)}`);
-        (values as Record<string, unknown>)[name] = parsed;
-      }
-    }
-  } else if (explicitConfig) {
-    throw new SettingsError(`GATEWAY_CONFIG=${configName}: file not found`);
+/** The settings file: the values of the settings it sets, its routing and its credential routes (or their defaults). */
+function readConfigFile(name: string | undefined, cwd: string) {
+  const configName = name ?? 'config/gateway.yaml';
+  const path = resolve(cwd, configName);
+  if (name !== undefined && !existsSync(path)) throw new SettingsError(`GATEWAY_CONFIG=${configName}: file not found`);
+  const { source, errors } = YamlSource.parse(configName, existsSync(path) ? readFileSync(path, 'utf8') : '');
+  if (errors[0]) throw new SettingsError(formatSourceError(errors[0]));
+  const result = v.safeParse(FILE, source.data);
+  if (!result.success)
+    throw new SettingsError(
+      sourceErrors(source, issuesOf(result.issues).map(withSettingName)).map(formatSourceError)[0],
+    );
+  const written = (source.data ?? {}) as Record<string, unknown>;
+  const values: Partial<Record<keyof Values, unknown>> = {};
+  for (const [name, { env }] of FIELD_LIST) {
+    if (written[env.toLowerCase()] != null) values[name] = result.output[env.toLowerCase()];
   }
+  return { values, routing: result.output.routing, credentialRoutes: result.output.credential_routes };
+}
 
-  for (const [name, field] of Object.entries(FIELDS) as Array<[keyof Values, Field<unknown>]>) {
+/** A setting's issue in the file reads `key message`, without the value when it is a secret. */
+function withSettingName(issue: Issue): Issue {
+  const [key] = issue.path;
+  const field = FIELD_LIST.find(([, f]) => f.env.toLowerCase() === key)?.[1];
+  if (!field || issue.key) return issue;
+  return { ...issue, message: `${key} ${withoutSecrets(field.env, issue.message)}` };
+}
+
+function fromEnvironment(env: NodeJS.ProcessEnv): Partial<Values> {
+  const values: Partial<Record<keyof Values, unknown>> = {};
+  for (const [name, field] of FIELD_LIST) {
     const raw = env[field.env];
-    if (raw === undefined || raw === '') continue;
-    const parsed = field.parse(raw);
-    if (isError(parsed))
-      throw new SettingsError(
-        `${field.env}=${shown(field.env, raw)}: ${withoutSecrets(field.env, parsed.error.replace(`, got "${raw}"`, ''))}`,
-      );
-    (values as Record<string, unknown>)[name] = parsed;
+    if (raw === undefined || (raw === '' && !field.blank)) continue;
+    const result = v.safeParse(field.schema, raw);
+    if (result.issues) {
+      const message = withoutSecrets(field.env, result.issues[0].message.replace(`, got "${raw}"`, ''));
+      throw new SettingsError(`${field.env}=${shown(field.env, raw)}: ${message}`);
+    }
+    values[name] = result.output;
   }
+  return values as Partial<Values>;
+}
 
+/** Settings that are each fine but do not go together. */
+function checkTogether(values: Values): void {
   for (const bridge of BRIDGES) {
     if (!values[bridge]) {
       throw new SettingsError(
@@ -389,101 +377,20 @@ export function loadSettings(options: LoadOptions = {}): Settings {
       `WORKERS=${values.workers}: several processes must share their counters, so REDIS_URL or REDIS_CLUSTER_NODES is required`,
     );
   }
-  if (RESERVED_HEADERS.has(values.apiKeyHeader.toLowerCase())) {
+  const ownHeader = (env: string, header: string, example: string): void => {
+    if (RESERVED_HEADERS.has(header.toLowerCase()))
+      throw new SettingsError(
+        `${env}=${header}: that header has another meaning; choose a header of its own, such as ${example}`,
+      );
+  };
+  ownHeader('API_KEY_HEADER', values.apiKeyHeader, 'X-API-Key');
+  if (values.consumerIdHeader === undefined) return;
+  ownHeader('CONSUMER_ID_HEADER', values.consumerIdHeader, 'X-Consumer-Id');
+  if (values.consumerIdHeader.toLowerCase() === values.apiKeyHeader.toLowerCase()) {
     throw new SettingsError(
-      `API_KEY_HEADER=${values.apiKeyHeader}: that header has another meaning; choose a header of its own, such as X-API-Key`,
+      `CONSUMER_ID_HEADER=${values.consumerIdHeader}: API_KEY_HEADER is that header; choose another, or an empty value to send none`,
     );
   }
-  if (!routingFromFile)
-    routing = {
-      defaultBridge: 'eqt',
-      routes: new Map(Object.entries(DEFAULT_ROUTING).map(([r, b]) => [routeKey(r), b])),
-    };
-
-  const credentialKeys = new Set<string>();
-  for (const text of credentialRoutes) {
-    const route = parseRoute(text);
-    if (typeof route === 'string' || route.method === 'WS')
-      throw new SettingsError(`credential_routes: ${typeof route === 'string' ? route : `"${text}" is a WS route`}`);
-    credentialKeys.add(route.key);
-  }
-
-  const file = (p: string): string => (isAbsolute(p) ? p : resolve(cwd, p));
-  const apiKeysFile = file(values.apiKeysFile ?? DEFAULT_API_KEYS_FILE);
-  if (values.apiKeysFile && !existsSync(apiKeysFile))
-    throw new SettingsError(`API_KEYS_FILE=${values.apiKeysFile}: file not found`);
-
-  return {
-    port: values.port,
-    host: values.host,
-    adminPort: values.adminPort,
-    adminHost: values.adminHost,
-    adminToken: values.adminToken,
-    redisUrl: values.redisUrl,
-    redisClusterNodes: values.redisClusterNodes,
-    redisFailureMode: values.redisFailureMode,
-    redisTimeoutMs: values.redisTimeoutMs,
-    redisKeyPrefix: values.redisKeyPrefix,
-    limitsFile: file(values.limitsFile),
-    bridges: { eqt: values.eqt as URL, fno: values.fno as URL },
-    upstreamTimeoutMs: values.upstreamTimeoutMs,
-    apiKeyHeader: values.apiKeyHeader,
-    maxBodyBytes: values.maxBodyBytes,
-    logLevel: values.logLevel,
-    workers: values.workers,
-    apiKeyMode: values.apiKeyMode,
-    apiKeysFile,
-    invalidKeyAttempts: values.invalidKeyAttempts,
-    invalidKeyWindowSeconds: values.invalidKeyWindowSeconds,
-    shutdownTimeoutMs: values.shutdownTimeoutMs,
-    // The headers are part of the request: they can never have longer than all of it (Node refuses a longer headersTimeout).
-    headersTimeoutMs: Math.min(values.headersTimeoutMs, values.requestTimeoutMs),
-    requestTimeoutMs: values.requestTimeoutMs,
-    maxHeaderBytes: values.maxHeaderBytes,
-    maxHeaderCount: values.maxHeaderCount,
-    trustProxyHops: values.trustProxyHops,
-    routing,
-    credentialRoutes: credentialKeys,
-  };
-}
-
-function readRouting(
-  node: unknown,
-  fail: (node: unknown, message: string) => never,
-): { defaultBridge: BridgeName; routes: Map<string, BridgeName> } {
-  if (!isYamlMap(node))
-    return fail(node, `routing must be a mapping with "default" and "routes", got ${describe(node)}`);
-  let defaultBridge: BridgeName = 'eqt';
-  const routes = new Map<string, BridgeName>();
-  const bridge = (n: unknown): BridgeName => {
-    const v = scalarValue(n);
-    return v === 'eqt' || v === 'fno' ? v : fail(n, `a bridge is eqt or fno, got ${describe(n)}`);
-  };
-  for (const { key, pair, value } of entries(node)) {
-    if (key === 'default') defaultBridge = bridge(value);
-    else if (key === 'routes') {
-      if (value === null || value === undefined || (isYamlMap(value) && value.items.length === 0)) continue;
-      if (!isYamlMap(value)) fail(value, `routing.routes must map routes to bridges, got ${describe(value)}`);
-      for (const { key: text, pair: routePair, value: target } of entries(value)) {
-        const route = parseRoute(text);
-        if (typeof route === 'string') fail(routePair.key, route);
-        else routes.set(route.key, bridge(target));
-      }
-    } else fail(pair.key, `unknown key "${key}" in routing (expected default, routes)`);
-  }
-  return { defaultBridge, routes };
-}
-
-function routeKey(text: string): string {
-  const route = parseRoute(text);
-  if (typeof route === 'string') throw new Error(route);
-  return route.key;
-}
-
-function isError(value: unknown): value is { error: string } {
-  return (
-    typeof value === 'object' && value !== null && 'error' in value && !(value instanceof URL) && !Array.isArray(value)
-  );
 }
 
 const SECRET_SETTINGS = new Set(['ADMIN_TOKEN', 'REDIS_URL']);

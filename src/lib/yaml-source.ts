@@ -1,19 +1,9 @@
-import {
-  isMap,
-  isScalar,
-  isSeq,
-  LineCounter,
-  parseDocument,
-  visit,
-  type Document,
-  type Node,
-  type Pair,
-  type YAMLMap,
-} from 'yaml';
+import { isMap, isScalar, isSeq, LineCounter, parseDocument, visit, type Document, type Node } from 'yaml';
 
 /**
  * A YAML file read with positions, shared by the loaders of `limits.yaml`, `gateway.yaml` and
- * the API key file, so that every complaint about a file names its line and column.
+ * the API key file: they validate its plain data, and every complaint about a place in the data
+ * names the line and column of its YAML node.
  */
 
 export interface SourceError {
@@ -44,11 +34,14 @@ export interface Position {
 export class YamlSource {
   readonly file: string;
   readonly root: unknown;
+  /** The document as plain data (mappings as objects, sequences as arrays); null when empty. */
+  readonly data: unknown;
   readonly #lines: LineCounter;
 
-  private constructor(file: string, root: unknown, lines: LineCounter) {
+  private constructor(file: string, root: unknown, data: unknown, lines: LineCounter) {
     this.file = file;
     this.root = root;
+    this.data = data;
     this.#lines = lines;
   }
 
@@ -63,9 +56,9 @@ export class YamlSource {
       uniqueKeys: true,
       prettyErrors: false,
       keepSourceTokens: false,
+      logLevel: 'error', // no console warning for a mapping used as a key: the schema reports the key
     });
-    const source = new YamlSource(file, doc.contents, lines);
-    const errors = doc.errors.slice(0, 1).map((err) => {
+    const errors: SourceError[] = doc.errors.slice(0, 1).map((err) => {
       // An unclosed quote is found only at the end of the file: point at where the quote opens.
       const opened = err.code === 'MISSING_CHAR' ? unclosedQuoteAt(doc, err.pos[0]) : undefined;
       const pos = opened === undefined ? (err.linePos?.[0] ?? lines.linePos(err.pos[0])) : lines.linePos(opened);
@@ -74,7 +67,30 @@ export class YamlSource {
         (opened === undefined ? '' : ' (the quoted text that starts here runs to the end of the file)');
       return { file, line: pos.line, column: pos.col, message };
     });
-    return { source, errors };
+    let data: unknown = null;
+    try {
+      if (errors.length === 0) data = doc.toJS();
+    } catch (err) {
+      // Aliases that would expand beyond yaml's limit (a "billion laughs" file).
+      errors.push({ file, line: 1, column: 1, message: firstLine((err as Error).message) });
+    }
+    return { source: new YamlSource(file, doc.contents, data, lines), errors };
+  }
+
+  /**
+   * The node at `path` in the data (with `onKey`, the key of the last step rather than its value);
+   * where the path leaves the document (a missing key), the last node on it.
+   */
+  at(path: readonly (string | number)[], onKey = false): unknown {
+    let node = this.root;
+    for (const [i, step] of path.entries()) {
+      const pair = isMap(node) ? node.items.find((p) => keyText(p.key) === String(step)) : undefined;
+      const next: unknown = pair ? (onKey && i === path.length - 1 ? pair.key : (pair.value ?? pair.key)) : undefined;
+      const item: unknown = isSeq(node) && typeof step === 'number' ? node.items[step] : next;
+      if (item === undefined || item === null) return node;
+      node = item;
+    }
+    return node;
   }
 
   position(node: unknown): Position {
@@ -82,12 +98,6 @@ export class YamlSource {
     if (!range) return { line: 1, column: 1 };
     const pos = this.#lines.linePos(range[0]);
     return { line: pos.line, column: pos.col };
-  }
-
-  /** Line of the last character of `node`. */
-  endLine(node: unknown): number {
-    const range = (node as Node | undefined)?.range;
-    return range ? this.#lines.linePos(Math.max(range[0], range[2] - 1)).line : 1;
   }
 
   error(node: unknown, message: string, row?: { row: number; rowName?: string }): SourceError {
@@ -114,28 +124,7 @@ function firstLine(message: string): string {
   return message.split('\n')[0] ?? message;
 }
 
-export const isYamlMap = (node: unknown): node is YAMLMap<unknown, unknown> => isMap(node);
-export const isYamlSeq = isSeq;
-
-/** The pairs of a map with their key as a string (keys that are not plain scalars read as their text). */
-export function entries(
-  map: YAMLMap<unknown, unknown>,
-): Array<{ key: string; pair: Pair<unknown, unknown>; value: unknown }> {
-  return map.items.map((pair) => ({
-    key: isScalar(pair.key) ? String(pair.key.value) : String(pair.key),
-    pair,
-    value: pair.value,
-  }));
-}
-
-/** Describes a scalar's value for an error message: `60`, `"60"`, `true`, `null`. */
-export function describe(node: unknown): string {
-  if (isScalar(node)) return JSON.stringify(node.value) ?? String(node.value);
-  if (isMap(node)) return 'a mapping';
-  if (isSeq(node)) return 'a list';
-  return 'nothing';
-}
-
-export function scalarValue(node: unknown): unknown {
-  return isScalar(node) ? node.value : undefined;
+/** A mapping key as plain data names it: a scalar's value as text. */
+function keyText(key: unknown): string {
+  return isScalar(key) ? String(key.value) : String(key);
 }

@@ -26,8 +26,20 @@ describe('the key file', () => {
     });
   });
 
-  it('accepts an empty file', () => {
+  it('accepts an empty file, and a keys key with no value', () => {
     expect(parseKeyFile('', 'k.yaml', plans)).toEqual({ ok: true, keys: [] });
+    expect(parseKeyFile('keys:\n', 'k.yaml', plans)).toEqual({ ok: true, keys: [] });
+  });
+
+  it('refuses what is not a key file, with the line of each problem', () => {
+    expect(errors('- id: acme\n')).toEqual(['api-keys.yaml:1:1: the file must be a mapping with "keys"']);
+    expect(errors('key:\n  - id: acme\n')).toEqual(['api-keys.yaml:1:1: unknown key "key" (expected keys)']);
+    expect(errors('keys:\n  id: acme\n')).toEqual(['api-keys.yaml:2:3: keys must be a list, got a mapping']);
+    expect(errors(`keys:\n  - acme\n  - id: [acme]\n    sha256: ${A}\n    plan: 5\n`)).toEqual([
+      'api-keys.yaml:2:5: row 1: an entry must be a mapping with id and sha256',
+      'api-keys.yaml:3:9: row 2: id must be letters, digits, ".", "_" and "-" (at most 64), got a list',
+      'api-keys.yaml:5:11: row 2: plan must be a plan name, got 5',
+    ]);
   });
 
   it('refuses bad hashes, unknown plans, duplicate ids and hashes, unknown keys, each with its line', () => {
@@ -46,6 +58,10 @@ describe('the key file', () => {
     expect(errors(`keys:\n  - id: acme\n    key: secret\n`)).toEqual([
       'api-keys.yaml:2:5: row 1 (acme): missing "sha256"',
       'api-keys.yaml:3:5: row 1 (acme): unknown key "key" (expected one of id, sha256, plan)',
+    ]);
+    expect(errors(`keys:\n  - id: acme\n    sha256: ${A}\n    key: secret\n    plans: premium\n`)).toEqual([
+      'api-keys.yaml:4:5: row 1 (acme): unknown key "key" (expected one of id, sha256, plan)',
+      'api-keys.yaml:5:5: row 1 (acme): unknown key "plans" (expected one of id, sha256, plan)',
     ]);
   });
 });

@@ -87,6 +87,29 @@ describe('an invalid table', () => {
     if (!result.ok) expect(result.errors.map(formatSourceError)).toEqual(expected);
   });
 
+  it('reports every unknown key of a mapping, each at its key, and a missing key at its mapping', () => {
+    const text = 'limits:\n  - name: A\n    routes: GET /a\n    per_hour: 1\n    per_day: 2\n    burst: 3\n';
+    const result = parseLimits(text, 'x.yaml');
+    expect(result.ok).toBe(false);
+    if (!result.ok)
+      expect(result.errors.map(formatSourceError)).toEqual([
+        'x.yaml:2:5: row 1 (A): missing "route"',
+        'x.yaml:3:5: row 1 (A): unknown key "routes" (expected one of name, route, also, per_hour, per_day, shadow)',
+        'x.yaml:6:5: row 1 (A): unknown key "burst" (expected one of name, route, also, per_hour, per_day, shadow)',
+      ]);
+  });
+
+  it('names the route of a plan row that maps to something other than per_hour and per_day', () => {
+    const text =
+      'limits:\n  - {name: A, route: GET /a, per_hour: 1, per_day: 2}\nplans:\n  p:\n    rows:\n      GET /a: 5\n';
+    const result = parseLimits(text, 'x.yaml');
+    expect(result.ok).toBe(false);
+    if (!result.ok)
+      expect(result.errors.map(formatSourceError)).toEqual([
+        'x.yaml:6:15: plan "p": "GET /a" must map to per_hour and/or per_day',
+      ]);
+  });
+
   it('yields no table at all, even when most rows are fine', () => {
     const text = readFileSync(new URL('several-errors.yaml', fixtures), 'utf8');
     expect(parseLimits(text, 'x.yaml')).not.toHaveProperty('table');
@@ -113,6 +136,16 @@ describe('a valid table', () => {
     if (!result.ok) throw new Error('invalid');
     expect(result.table.timezone).toBe('UTC');
     expect(result.table.rows[0]?.shadow).toBe(true);
+  });
+
+  it('reads a plans key with no value as no plans, and YAML aliases as their values', () => {
+    const result = parseLimits(
+      'limits:\n  - {name: A, route: GET /a, per_hour: &n 10, per_day: *n}\nplans:\n',
+      'a.yaml',
+    );
+    if (!result.ok) throw new Error(result.errors.map(formatSourceError).join('\n'));
+    expect(result.table.rows[0]?.limits).toEqual({ perHour: 10, perDay: 10 });
+    expect(result.table.plans.size).toBe(0);
   });
 
   it('reports a missing file as an error, not a crash', async () => {

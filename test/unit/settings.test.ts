@@ -2,21 +2,116 @@ import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
-import { loadSettings } from '../../src/config/settings.js';
+import { loadSettings, SETTING_VARIABLES } from '../../src/config/settings.js';
 
 const BRIDGES = { EQT_BRIDGE_URL: 'http://127.0.0.1:7001', FNO_BRIDGE_URL: 'http://127.0.0.1:7002' };
 const empty = mkdtempSync(join(tmpdir(), 'oapi-settings-'));
 const load = (env: Record<string, string>) => loadSettings({ env, cwd: empty });
-const message = (env: Record<string, string>): string => {
+const errorOf = (load: () => unknown): string => {
   try {
-    load(env);
+    load();
   } catch (err) {
     return (err as Error).message;
   }
   return 'no error';
 };
+const message = (env: Record<string, string>): string => errorOf(() => load(env));
+/** Settings from `text` as gw.yaml, the bridges (and `env`) from the environment. */
+const withFile = (text: string, env: Record<string, string> = {}) => {
+  const dir = mkdtempSync(join(tmpdir(), 'oapi-settings-'));
+  writeFileSync(join(dir, 'gw.yaml'), text);
+  return loadSettings({ env: { ...BRIDGES, ...env }, cwd: dir, configFile: 'gw.yaml' });
+};
+const fileMessage = (text: string): string => errorOf(() => withFile(text));
 
-describe('settings', () => {
+/** Values each variable refuses, with the one line that says why. */
+const REFUSED: Array<[Record<string, string>, string]> = [
+  [{}, 'EQT_BRIDGE_URL is not set: the base URL of the eqt bridge is required, e.g. http://127.0.0.1:7001'],
+  [
+    { EQT_BRIDGE_URL: 'http://a:1' },
+    'FNO_BRIDGE_URL is not set: the base URL of the fno bridge is required, e.g. http://127.0.0.1:7001',
+  ],
+  [{ ...BRIDGES, PORT: '99999' }, 'PORT=99999: must be a port number (0-65535)'],
+  [{ ...BRIDGES, PORT: 'eighty' }, 'PORT=eighty: must be a port number (0-65535)'],
+  [{ ...BRIDGES, ADMIN_PORT: '-1' }, 'ADMIN_PORT=-1: must be a port number (0-65535)'],
+  [{ ...BRIDGES, REDIS_FAILURE_MODE: 'maybe' }, 'REDIS_FAILURE_MODE=maybe: must be one of insurance, open, closed'],
+  [
+    { ...BRIDGES, REDIS_URL: 'http://127.0.0.1:6379' },
+    'REDIS_URL=http://127.0.0.1:6379: must be a redis:// or rediss:// URL',
+  ],
+  [
+    { ...BRIDGES, REDIS_URL: 'redis://user:secret@127.0.0.1:6379', REDIS_CLUSTER_NODES: '127.0.0.1:7000' },
+    'REDIS_URL and REDIS_CLUSTER_NODES are both set: choose one',
+  ],
+  [{ ...BRIDGES, REDIS_CLUSTER_NODES: '127.0.0.1' }, 'REDIS_CLUSTER_NODES=127.0.0.1: "127.0.0.1" is not host:port'],
+  [{ ...BRIDGES, EQT_BRIDGE_URL: 'not a url' }, 'EQT_BRIDGE_URL=not a url: must be an http:// or https:// URL'],
+  [{ ...BRIDGES, FNO_BRIDGE_URL: 'ftp://x' }, 'FNO_BRIDGE_URL=ftp://x: must be an http:// or https:// URL'],
+  [{ ...BRIDGES, UPSTREAM_TIMEOUT_MS: '0' }, 'UPSTREAM_TIMEOUT_MS=0: must be milliseconds (1-600000)'],
+  [{ ...BRIDGES, API_KEY_HEADER: 'X API Key' }, 'API_KEY_HEADER=X API Key: must be an HTTP header name'],
+  [
+    { ...BRIDGES, API_KEY_HEADER: 'Authorization' },
+    'API_KEY_HEADER=Authorization: that header has another meaning; choose a header of its own, such as X-API-Key',
+  ],
+  [{ ...BRIDGES, MAX_BODY_BYTES: '1.5' }, 'MAX_BODY_BYTES=1.5: must be a byte count (0-1073741824)'],
+  [
+    { ...BRIDGES, LOG_LEVEL: 'verbose' },
+    'LOG_LEVEL=verbose: must be one of fatal, error, warn, info, debug, trace, silent',
+  ],
+  [{ ...BRIDGES, WORKERS: '0' }, 'WORKERS=0: must be a process count (1-64)'],
+  [
+    { ...BRIDGES, WORKERS: '4' },
+    'WORKERS=4: several processes must share their counters, so REDIS_URL or REDIS_CLUSTER_NODES is required',
+  ],
+  [{ ...BRIDGES, API_KEY_MODE: 'open' }, 'API_KEY_MODE=open: must be one of registered, any'],
+  [{ ...BRIDGES, API_KEYS_FILE: 'nope.yaml' }, 'API_KEYS_FILE=nope.yaml: file not found'],
+  [
+    { ...BRIDGES, ADMIN_TOKEN: 'short' },
+    'ADMIN_TOKEN=…: must be at least 16 characters of A-Z a-z 0-9 - . _ ~ + /, optionally ending in = (RFC 6750 §2.1)',
+  ],
+  // A bearer token cannot hold these (RFC 6750 §2.1): start-up refuses what the admin API would refuse.
+  [
+    { ...BRIDGES, ADMIN_TOKEN: 'with!exclamation-0123456789' },
+    'ADMIN_TOKEN=…: must be at least 16 characters of A-Z a-z 0-9 - . _ ~ + /, optionally ending in = (RFC 6750 §2.1)',
+  ],
+  [
+    { ...BRIDGES, ADMIN_TOKEN: 'with#hash-0123456789abcdef' },
+    'ADMIN_TOKEN=…: must be at least 16 characters of A-Z a-z 0-9 - . _ ~ + /, optionally ending in = (RFC 6750 §2.1)',
+  ],
+  [
+    { ...BRIDGES, ADMIN_TOKEN: 'padding=in-the-middle-0123456789' },
+    'ADMIN_TOKEN=…: must be at least 16 characters of A-Z a-z 0-9 - . _ ~ + /, optionally ending in = (RFC 6750 §2.1)',
+  ],
+  [{ ...BRIDGES, MAX_HEADER_COUNT: '5' }, 'MAX_HEADER_COUNT=5: must be a count of header lines (10-10000)'],
+  [{ ...BRIDGES, CONSUMER_ID_HEADER: 'X Consumer' }, 'CONSUMER_ID_HEADER=X Consumer: must be an HTTP header name'],
+  [
+    { ...BRIDGES, CONSUMER_ID_HEADER: 'Host' },
+    'CONSUMER_ID_HEADER=Host: that header has another meaning; choose a header of its own, such as X-Consumer-Id',
+  ],
+  [
+    { ...BRIDGES, CONSUMER_ID_HEADER: 'x-api-key' },
+    'CONSUMER_ID_HEADER=x-api-key: API_KEY_HEADER is that header; choose another, or an empty value to send none',
+  ],
+  [
+    { ...BRIDGES, API_KEY_HEADER: 'X-Consumer-Id' },
+    'CONSUMER_ID_HEADER=X-Consumer-Id: API_KEY_HEADER is that header; choose another, or an empty value to send none',
+  ],
+  [
+    { ...BRIDGES, CORS_ORIGINS: 'https://app.example.com,*' },
+    'CORS_ORIGINS=https://app.example.com,*: "*" is not allowed: list the origins, such as https://app.example.com',
+  ],
+  ...['https://app.example.com/', 'https://app.example.com/app', 'app.example.com', 'ftp://files.example.com'].map(
+    (origin): [Record<string, string>, string] => [
+      { ...BRIDGES, CORS_ORIGINS: `http://localhost:3000, ${origin}` },
+      `CORS_ORIGINS=http://localhost:3000, ${origin}: "${origin}" is not an origin: scheme://host[:port] as browsers send it, such as https://app.example.com`,
+    ],
+  ),
+  [
+    { ...BRIDGES, CORS_ORIGINS: 'https://App.Example.com:443' },
+    'CORS_ORIGINS=https://App.Example.com:443: "https://App.Example.com:443" is not an origin: scheme://host[:port] as browsers send it, such as https://app.example.com',
+  ],
+];
+
+describe('settings from the environment', () => {
   it('has the defaults of README "Configuration"', () => {
     const s = load(BRIDGES);
     expect(s).toMatchObject({
@@ -33,70 +128,15 @@ describe('settings', () => {
       logLevel: 'info',
       workers: 1,
       apiKeyMode: 'registered',
+      consumerIdHeader: 'X-Consumer-Id',
+      corsOrigins: [],
     });
     expect(s.limitsFile).toBe(join(empty, 'limits.yaml'));
     expect(s.routing.routes.get('POST /oapi/auth/gen-secret-key/derivative')).toBe('fno');
     expect(s.routing.defaultBridge).toBe('eqt');
   });
 
-  it.each([
-    [{}, 'EQT_BRIDGE_URL is not set: the base URL of the eqt bridge is required, e.g. http://127.0.0.1:7001'],
-    [
-      { EQT_BRIDGE_URL: 'http://a:1' },
-      'FNO_BRIDGE_URL is not set: the base URL of the fno bridge is required, e.g. http://127.0.0.1:7001',
-    ],
-    [{ ...BRIDGES, PORT: '99999' }, 'PORT=99999: must be a port number (0-65535)'],
-    [{ ...BRIDGES, PORT: 'eighty' }, 'PORT=eighty: must be a port number (0-65535)'],
-    [{ ...BRIDGES, ADMIN_PORT: '-1' }, 'ADMIN_PORT=-1: must be a port number (0-65535)'],
-    [{ ...BRIDGES, REDIS_FAILURE_MODE: 'maybe' }, 'REDIS_FAILURE_MODE=maybe: must be one of insurance, open, closed'],
-    [
-      { ...BRIDGES, REDIS_URL: 'http://127.0.0.1:6379' },
-      'REDIS_URL=http://127.0.0.1:6379: must be a redis:// or rediss:// URL',
-    ],
-    [
-      { ...BRIDGES, REDIS_URL: 'redis://user:secret@127.0.0.1:6379', REDIS_CLUSTER_NODES: '127.0.0.1:7000' },
-      'REDIS_URL and REDIS_CLUSTER_NODES are both set: choose one',
-    ],
-    [{ ...BRIDGES, REDIS_CLUSTER_NODES: '127.0.0.1' }, 'REDIS_CLUSTER_NODES=127.0.0.1: "127.0.0.1" is not host:port'],
-    [{ ...BRIDGES, EQT_BRIDGE_URL: 'not a url' }, 'EQT_BRIDGE_URL=not a url: must be an http:// or https:// URL'],
-    [{ ...BRIDGES, FNO_BRIDGE_URL: 'ftp://x' }, 'FNO_BRIDGE_URL=ftp://x: must be an http:// or https:// URL'],
-    [{ ...BRIDGES, UPSTREAM_TIMEOUT_MS: '0' }, 'UPSTREAM_TIMEOUT_MS=0: must be milliseconds (1-600000)'],
-    [{ ...BRIDGES, API_KEY_HEADER: 'X API Key' }, 'API_KEY_HEADER=X API Key: must be an HTTP header name'],
-    [
-      { ...BRIDGES, API_KEY_HEADER: 'Authorization' },
-      'API_KEY_HEADER=Authorization: that header has another meaning; choose a header of its own, such as X-API-Key',
-    ],
-    [{ ...BRIDGES, MAX_BODY_BYTES: '1.5' }, 'MAX_BODY_BYTES=1.5: must be a byte count (0-1073741824)'],
-    [
-      { ...BRIDGES, LOG_LEVEL: 'verbose' },
-      'LOG_LEVEL=verbose: must be one of fatal, error, warn, info, debug, trace, silent',
-    ],
-    [{ ...BRIDGES, WORKERS: '0' }, 'WORKERS=0: must be a process count (1-64)'],
-    [
-      { ...BRIDGES, WORKERS: '4' },
-      'WORKERS=4: several processes must share their counters, so REDIS_URL or REDIS_CLUSTER_NODES is required',
-    ],
-    [{ ...BRIDGES, API_KEY_MODE: 'open' }, 'API_KEY_MODE=open: must be one of registered, any'],
-    [{ ...BRIDGES, API_KEYS_FILE: 'nope.yaml' }, 'API_KEYS_FILE=nope.yaml: file not found'],
-    [
-      { ...BRIDGES, ADMIN_TOKEN: 'short' },
-      'ADMIN_TOKEN=…: must be at least 16 characters of A-Z a-z 0-9 - . _ ~ + /, optionally ending in = (RFC 6750 §2.1)',
-    ],
-    // A bearer token cannot hold these (RFC 6750 §2.1): start-up refuses what the admin API would refuse.
-    [
-      { ...BRIDGES, ADMIN_TOKEN: 'with!exclamation-0123456789' },
-      'ADMIN_TOKEN=…: must be at least 16 characters of A-Z a-z 0-9 - . _ ~ + /, optionally ending in = (RFC 6750 §2.1)',
-    ],
-    [
-      { ...BRIDGES, ADMIN_TOKEN: 'with#hash-0123456789abcdef' },
-      'ADMIN_TOKEN=…: must be at least 16 characters of A-Z a-z 0-9 - . _ ~ + /, optionally ending in = (RFC 6750 §2.1)',
-    ],
-    [
-      { ...BRIDGES, ADMIN_TOKEN: 'padding=in-the-middle-0123456789' },
-      'ADMIN_TOKEN=…: must be at least 16 characters of A-Z a-z 0-9 - . _ ~ + /, optionally ending in = (RFC 6750 §2.1)',
-    ],
-    [{ ...BRIDGES, MAX_HEADER_COUNT: '5' }, 'MAX_HEADER_COUNT=5: must be a count of header lines (10-10000)'],
-  ])('refuses %j with one line naming the variable', (env, expected) => {
+  it.each(REFUSED)('refuses %j with one line naming the variable', (env, expected) => {
     const text = message(env);
     expect(text).toBe(expected);
     expect(text).not.toContain('\n');
@@ -134,7 +174,46 @@ describe('settings', () => {
       /^gw\.yaml:1:12: redis_url must be a redis:\/\/ or rediss:\/\/ URL$/,
     );
   });
+});
 
+describe('the consumer id header and CORS settings', () => {
+  it('reads CONSUMER_ID_HEADER from the file and the environment; an empty value turns it off', () => {
+    expect(load({ ...BRIDGES, CONSUMER_ID_HEADER: 'X-Client-Id' }).consumerIdHeader).toBe('X-Client-Id');
+    expect(load({ ...BRIDGES, CONSUMER_ID_HEADER: '' }).consumerIdHeader).toBeUndefined();
+    expect(load({ ...BRIDGES, CONSUMER_ID_HEADER: '', API_KEY_HEADER: 'X-Consumer-Id' })).toMatchObject({
+      apiKeyHeader: 'X-Consumer-Id',
+      consumerIdHeader: undefined,
+    });
+    expect(withFile('consumer_id_header: X-Org-Id\n').consumerIdHeader).toBe('X-Org-Id');
+    expect(withFile('consumer_id_header: ""\n').consumerIdHeader).toBeUndefined();
+    expect(withFile('consumer_id_header:\n').consumerIdHeader).toBe('X-Consumer-Id'); // no value: the default
+    expect(withFile('consumer_id_header: X-Org-Id\n', { CONSUMER_ID_HEADER: '' }).consumerIdHeader).toBeUndefined();
+    expect(withFile('consumer_id_header: ""\n', { CONSUMER_ID_HEADER: 'X-Env-Id' }).consumerIdHeader).toBe('X-Env-Id');
+    expect(fileMessage('consumer_id_header: X Org\n')).toBe(
+      'gw.yaml:1:21: consumer_id_header must be an HTTP header name, got "X Org"',
+    );
+  });
+
+  it('reads CORS_ORIGINS as a comma-separated list of origins, none when unset or empty', () => {
+    expect(load({ ...BRIDGES, CORS_ORIGINS: ' https://app.example.com , http://localhost:3000,' }).corsOrigins).toEqual(
+      ['https://app.example.com', 'http://localhost:3000'],
+    );
+    expect(load({ ...BRIDGES, CORS_ORIGINS: 'http://[::1]:8080' }).corsOrigins).toEqual(['http://[::1]:8080']);
+    expect(load({ ...BRIDGES, CORS_ORIGINS: '' }).corsOrigins).toEqual([]);
+    expect(withFile('cors_origins: https://app.example.com\n').corsOrigins).toEqual(['https://app.example.com']);
+    expect(withFile('cors_origins: https://app.example.com\n', { CORS_ORIGINS: '' }).corsOrigins).toEqual([]);
+    expect(fileMessage('cors_origins: "https://app.example.com, *"\n')).toBe(
+      'gw.yaml:1:15: cors_origins "*" is not allowed: list the origins, such as https://app.example.com',
+    );
+    // Credentials in a URL are masked, as in every other setting.
+    expect(message({ ...BRIDGES, CORS_ORIGINS: 'https://user:hunter2@app.example.com' })).toBe(
+      'CORS_ORIGINS=https://…@app.example.com: "https://…@app.example.com" is not an origin: scheme://host[:port] as browsers send it, such as https://app.example.com',
+    );
+    expect(SETTING_VARIABLES).toEqual(expect.arrayContaining(['CONSUMER_ID_HEADER', 'CORS_ORIGINS']));
+  });
+});
+
+describe('settings from gateway.yaml', () => {
   it('reads config/gateway.yaml, and the environment overrides it', () => {
     const dir = mkdtempSync(join(tmpdir(), 'oapi-settings-'));
     writeFileSync(
@@ -162,6 +241,38 @@ describe('settings', () => {
     expect(() => loadSettings({ env: BRIDGES, cwd: dir, configFile: 'gw.yaml' })).toThrow(
       'gw.yaml:3:18: a bridge is eqt or fno, got "xyz"',
     );
+  });
+
+  it('names the line and column of every kind of problem in gateway.yaml, the first in the file first', () => {
+    expect(fileMessage('prot: 1\nport: 99999\n')).toBe('gw.yaml:1:1: unknown setting "prot"');
+    expect(fileMessage('port: 99999\nprot: 1\n')).toBe(
+      'gw.yaml:1:7: port must be a port number (0-65535), got "99999"',
+    );
+    expect(fileMessage('port: [8080]\n')).toBe('gw.yaml:1:7: port must be a single value, got a list');
+    expect(fileMessage('- port: 8080\n')).toBe('gw.yaml:1:1: must be a mapping of settings');
+    expect(fileMessage('redis_cluster_nodes: "a:1,b"\n')).toBe(
+      'gw.yaml:1:22: redis_cluster_nodes "b" is not host:port',
+    );
+    expect(fileMessage('routing:\n  default: fno\n  route: {}\n')).toBe(
+      'gw.yaml:3:3: unknown key "route" in routing (expected default, routes)',
+    );
+    expect(fileMessage('routing:\n  routes:\n    GET /orders/: eqt\n')).toBe(
+      'gw.yaml:3:5: route "GET /orders/": empty path segment (repeated or trailing "/")',
+    );
+    expect(fileMessage('credential_routes:\n  - POST /a\n  - WS /ws/orders\n')).toBe(
+      'gw.yaml:3:5: "WS /ws/orders" is a WS route',
+    );
+    expect(fileMessage('credential_routes: POST /a\n')).toBe(
+      'gw.yaml:1:20: credential_routes must be a list of routes, got "POST /a"',
+    );
+  });
+
+  it('keeps the default of a key with no value, and reads empty routing as routing everything to its default', () => {
+    const s = withFile('port:\nrouting:\n  default: fno\n  routes:\ncredential_routes: []\n');
+    expect(s.port).toBe(8080);
+    expect(s.routing.defaultBridge).toBe('fno');
+    expect(s.routing.routes.size).toBe(0);
+    expect(s.credentialRoutes.size).toBe(0);
   });
 
   it('ships a config/gateway.yaml that loads', () => {
