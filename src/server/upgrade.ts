@@ -1,5 +1,6 @@
 import { STATUS_CODES, type IncomingMessage } from 'node:http';
 import type { Duplex } from 'node:stream';
+import { RESPONSE_ALREADY_SENT } from '@hono/node-server/utils/response';
 import type { Hono } from 'hono';
 import { rawAnswer } from '../lib/answers.js';
 import type { GatewayEnv } from './context.js';
@@ -11,7 +12,8 @@ import type { GatewayEnv } from './context.js';
  * final handler has already handed the socket to the bridge.
  */
 
-const ALREADY_SENT = 'x-hono-already-sent';
+/** The header with which @hono/node-server marks a response a handler has already written itself (read off its own constant). */
+const ALREADY_SENT = [...RESPONSE_ALREADY_SENT.headers.keys()][0] as string;
 
 export function upgradeListener(
   app: Hono<GatewayEnv>,
