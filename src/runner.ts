@@ -114,6 +114,9 @@ async function start(parts: Parts): Promise<Gateway> {
             tables,
             limiter,
             registry: keys.registry,
+            guard: keys.guard,
+            apiKeyMode: settings.apiKeyMode,
+            keysReady: () => settings.apiKeyMode !== 'registered' || keys.registry.loaded,
             events: backend.events,
             metrics,
             logger,
@@ -185,6 +188,7 @@ function followEvents(
     if (event.type === 'usage-reset') void limiter.forgetKey(event.keyHash, tables.current()?.rows ?? []);
     else if (event.type === 'keys-changed') void registry.refresh().catch(() => {});
     else if (event.type === 'address-blocked') guard.block(event.address, event.ms);
+    else if (event.type === 'address-unblocked') void guard.unblock(event.address);
     else {
       // Messages may have been lost while the subscription was down.
       limiter.forgetAll();
@@ -230,7 +234,7 @@ async function startPublic(
     metrics,
     logger,
   });
-  return startPublicServer({ app, forwarder, websockets, accepting }, settings, logger, closers);
+  return startPublicServer({ app, forwarder, websockets, accepting }, settings, { logger, metrics }, closers);
 }
 
 /** A path as an operator would write it: relative to the working directory when inside it. */

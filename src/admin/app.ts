@@ -2,6 +2,8 @@ import { Hono, type Context, type ErrorHandler, type MiddlewareHandler } from 'h
 import { bearerAuth } from 'hono/bearer-auth';
 import type { ReloadResult, TableHolder } from '../config/table-holder.js';
 import type { EventBus } from '../events/bus.js';
+import type { ApiKeyMode } from '../config/settings.js';
+import type { InvalidKeyGuard } from '../keys/guard.js';
 import type { KeyRegistry } from '../keys/registry.js';
 import { sha256Hex } from '../lib/hash.js';
 import type { Limiter } from '../limits/limiter.js';
@@ -9,6 +11,7 @@ import { StoreUnavailableError } from '../limits/store.js';
 import { shortKeyHash, type Logger } from '../observability/logger.js';
 import type { GatewayMetrics } from '../observability/metrics.js';
 import { refusal } from './common.js';
+import { blocksApp } from './blocks.js';
 import { keysApp } from './keys.js';
 import { limitsApp } from './limits.js';
 import { statusApp } from './status.js';
@@ -25,6 +28,11 @@ export interface AdminDeps {
   readonly tables: TableHolder;
   readonly limiter: Limiter;
   readonly registry: KeyRegistry;
+  readonly guard: InvalidKeyGuard;
+  /** `registered`: only issued keys have usage; any other key is unknown (404). */
+  readonly apiKeyMode: ApiKeyMode;
+  /** False until the issued keys were read once: the instance cannot tell valid keys yet. */
+  readonly keysReady: () => boolean;
   readonly events: EventBus;
   readonly metrics: GatewayMetrics;
   readonly logger: Logger;
@@ -48,6 +56,7 @@ export function createAdminApp(deps: AdminDeps): Hono {
   app.route('/admin/limits', limitsApp(deps));
   app.route('/admin/usage', usageApp(deps));
   app.route('/admin/keys', keysApp(deps));
+  app.route('/admin/blocks', blocksApp(deps));
   app.notFound((c) => refusal(c, 404, 'No such admin endpoint'));
   app.onError(adminErrors(deps.logger));
   return app;

@@ -2,7 +2,8 @@ import { Hono } from 'hono';
 import { KEY_ID } from '../keys/key-file.js';
 import { shortKeyHash } from '../observability/logger.js';
 import type { AdminDeps } from './app.js';
-import { refusal } from './common.js';
+import { refusal, withTable } from './common.js';
+import { resetAnswer, usageAnswer } from './usage.js';
 
 /** Issued API keys (README "API keys and plans"): issue, list, revoke. */
 export function keysApp(deps: AdminDeps): Hono {
@@ -36,6 +37,17 @@ export function keysApp(deps: AdminDeps): Hono {
       })),
     }),
   );
+
+  // Usage by id: support knows a client's key id, never the key itself (it is shown once).
+  app.use('/:id/usage', withTable(tables), async (c, next) => {
+    const id = c.req.param('id') ?? '';
+    const record = registry.byId(id);
+    if (!record) return refusal(c, 404, `No key with id "${id}"`);
+    c.set('keyHash', record.sha256);
+    await next();
+  });
+  app.get('/:id/usage', (c) => usageAnswer(c, deps, c.get('keyHash')));
+  app.delete('/:id/usage', (c) => resetAnswer(c, deps, c.get('keyHash')));
 
   app.delete('/:id', async (c) => {
     const id = c.req.param('id');

@@ -18,6 +18,12 @@ export function statusApp(deps: AdminDeps): Hono {
   app.get('/readyz', async (c) => {
     if (deps.shuttingDown()) return c.json({ status: 'unavailable', reason: 'shutting down' }, 503);
     if (!deps.tables.current()) return c.json({ status: 'unavailable', reason: 'no valid limit table is loaded' }, 503);
+    if (!deps.keysReady()) {
+      return c.json(
+        { status: 'unavailable', reason: 'the issued API keys could not be read yet: Redis unreachable' },
+        503,
+      );
+    }
     const problem = await deps.storeProblem();
     if (!problem) return c.json({ status: 'ok' });
     if (deps.limiter.failureMode === 'closed') return c.json({ status: 'unavailable', reason: problem }, 503);

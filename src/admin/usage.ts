@@ -1,9 +1,10 @@
-import { Hono, type Context } from 'hono';
+import { Hono, type Context, type MiddlewareHandler } from 'hono';
 import { sha256Hex } from '../lib/hash.js';
 import { limitsFor } from '../limits/limit-table.js';
 import { secondsUntil } from '../limits/windows.js';
 import type { AdminDeps } from './app.js';
-import { withTable } from './common.js';
+import { StoreUnavailableError } from '../limits/store.js';
+import { refusal, withTable } from './common.js';
 
 /**
  * A key's usage on every row, in table order, and its reset (docs/operations.md "The admin listener"). The key
@@ -12,9 +13,20 @@ import { withTable } from './common.js';
 export function usageApp(deps: AdminDeps): Hono {
   const app = new Hono();
   app.use(withTable(deps.tables));
+  if (deps.apiKeyMode === 'registered') app.use('/:apiKey', issuedKeysOnly(deps));
   app.get('/:apiKey', (c) => usageAnswer(c, deps, sha256Hex(c.req.param('apiKey'))));
   app.delete('/:apiKey', (c) => resetAnswer(c, deps, sha256Hex(c.req.param('apiKey'))));
   return app;
+}
+
+/** In `registered` mode only issued keys have usage: a made-up string is no key (404), not one with zeros. */
+function issuedKeysOnly(deps: AdminDeps): MiddlewareHandler {
+  return async function issuedKeysOnly(c, next) {
+    const issued = await deps.registry.resolve(sha256Hex(c.req.param('apiKey') ?? ''));
+    if (issued === 'unavailable') throw new StoreUnavailableError('connection', 'issued keys cannot be read');
+    if (issued === 'not-issued') return refusal(c, 404, 'No issued key is this key');
+    await next();
+  };
 }
 
 /** The usage JSON of one key (by its hash), on the table in force; store failures reach the app's onError. */

@@ -13,6 +13,8 @@ export type GatewayEvent =
   | { readonly type: 'keys-changed' }
   /** `ms`: how long the block lasts from now (a duration, not a time: clocks of instances differ). */
   | { readonly type: 'address-blocked'; readonly address: string; readonly ms: number }
+  /** An operator lifted the block of an address. */
+  | { readonly type: 'address-unblocked'; readonly address: string }
   | { readonly type: 'resync' };
 
 /** A message from the channel, if it is a well-formed event of ours (anyone who can publish there could send anything). */
@@ -27,6 +29,9 @@ export function readEvent(message: string): GatewayEvent | undefined {
   const e = event as Record<string, unknown>;
   if (e.type === 'usage-reset' && typeof e.keyHash === 'string') return { type: 'usage-reset', keyHash: e.keyHash };
   if (e.type === 'keys-changed') return { type: 'keys-changed' };
+  if (e.type === 'address-unblocked' && typeof e.address === 'string' && e.address.length <= 256) {
+    return { type: 'address-unblocked', address: e.address };
+  }
   if (
     e.type === 'address-blocked' &&
     typeof e.address === 'string' &&

@@ -64,6 +64,27 @@ export class InvalidKeyGuard {
     return Math.max(0, left);
   }
 
+  /** The addresses blocked now, and for how many more whole seconds (at least 1). */
+  blocks(): Array<{ address: string; seconds: number }> {
+    const out: Array<{ address: string; seconds: number }> = [];
+    for (const address of [...this.#blocked.keys()]) {
+      const ms = this.blockedFor(address);
+      if (ms > 0) out.push({ address, seconds: Math.max(1, Math.ceil(ms / 1000)) });
+    }
+    return out.sort((a, b) => a.address.localeCompare(b.address));
+  }
+
+  /**
+   * Lifts the block of an address here (an operator's unblock, announced to every instance), and
+   * forgets its failed attempts so that the next one does not block it again at once.
+   */
+  async unblock(address: string): Promise<boolean> {
+    const wasBlocked = this.blockedFor(address) > 0;
+    this.#blocked.delete(address);
+    await this.#limiter.delete(address).catch(() => false);
+    return wasBlocked;
+  }
+
   /** Records one failed attempt; returns the milliseconds the address is now blocked for (0: not blocked). */
   async failed(address: string): Promise<number> {
     try {

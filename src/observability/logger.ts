@@ -32,7 +32,8 @@ export function shortKeyHash(keyHash: string): string {
 /** One access-log line's fields (docs/operations.md "Logs"); absent ones are left out of the line. */
 export interface AccessRecord {
   reqId: string;
-  method: string;
+  /** Absent when the request could not be read (an answer of the HTTP parser's failure). */
+  method?: string | undefined;
   endpoint: string;
   path?: string | undefined;
   status: number;

@@ -34,6 +34,8 @@ export interface ForwardRequest {
   readonly usageHeaders: HeaderList;
   /** Request fields never forwarded (lower case). */
   readonly droppedHeaders?: ReadonlySet<string>;
+  /** Fields added for the bridge (flat list): who is calling (README "Forwarding"). */
+  readonly addedHeaders?: readonly string[] | undefined;
 }
 
 export interface ForwardResult {
@@ -212,6 +214,7 @@ class HttpExchange {
       requestId: request.requestId,
       framing,
       ...(request.droppedHeaders ? { dropped: request.droppedHeaders } : {}),
+      added: request.addedHeaders,
     });
   }
 

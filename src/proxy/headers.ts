@@ -102,6 +102,8 @@ export interface ForwardHeaderValues {
   readonly framing: BodyFraming;
   /** Further fields never forwarded (lower case), e.g. the API key's header. */
   readonly dropped?: ReadonlySet<string>;
+  /** Fields the gateway adds for the bridge (flat list), e.g. the consumer's key id. */
+  readonly added?: readonly string[] | undefined;
   /** A WebSocket upgrade keeps `Connection: Upgrade` and `Upgrade`: they are the request. */
   readonly upgrade?: string | undefined;
 }
@@ -129,6 +131,7 @@ export function requestHeaderList(rawHeaders: readonly string[], values: Forward
     out.push(name, value);
   }
   out.push('Host', values.bridgeHost);
+  if (values.added) for (const field of values.added) out.push(field);
   if (values.upgrade !== undefined) out.push('Connection', 'Upgrade', 'Upgrade', values.upgrade);
   const { framing } = values;
   if (framing.kind === 'length') out.push('Content-Length', String(framing.length));

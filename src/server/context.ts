@@ -62,6 +62,8 @@ declare module 'hono' {
     answered: { readonly status: number; readonly reason: Reason };
     /** Set when the answer came from a bridge. */
     forwarded: Forwarded;
+    /** The key an admin request is about (admin/keys.ts), by its hash. */
+    keyHash: string;
     /** Body already read by the gateway (credential routes), forwarded byte for byte. */
     body: Buffer;
   }

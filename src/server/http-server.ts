@@ -3,9 +3,11 @@ import type { Duplex } from 'node:stream';
 import { getRequestListener } from '@hono/node-server';
 import type { Hono } from 'hono';
 import type { Settings } from '../config/settings.js';
-import type { Logger } from '../observability/logger.js';
-import { errorBody, rawAnswer, writeAnswer } from '../lib/answers.js';
+import { accessLogWriter, type Logger } from '../observability/logger.js';
+import { UNMATCHED, type GatewayMetrics } from '../observability/metrics.js';
+import { errorBody, rawAnswer, writeAnswer, type Reason } from '../lib/answers.js';
 import type { GatewayEnv } from './context.js';
+import { requestIdSource } from './middleware/request-id.js';
 import { gateRefusal } from './request-gate.js';
 
 /**
@@ -14,6 +16,9 @@ import { gateRefusal } from './request-gate.js';
  * answer for everything refused at this level: oversized headers 431, a request that took too
  * long 408, malformed HTTP 400 (including Content-Length with Transfer-Encoding, RFC 9112 §6.3),
  * an `Expect` other than 100-continue 417, CONNECT 501.
+ *
+ * Each of these answers has an access line with its reason and counts in the metrics, like any
+ * other answer the gateway writes itself (docs/operations.md "Logs").
  *
  * Pipelined requests keep their answers: when the parser fails on a request that follows others
  * still being answered, those get their answers first and the refusal comes after them
@@ -36,12 +41,41 @@ interface Exchange {
   readonly res: ServerResponse;
 }
 
+/** An answer of this level, for its access line. */
+interface HttpRefusal {
+  readonly status: number;
+  readonly reason: Reason;
+  readonly socket: Duplex;
+  readonly method?: string | undefined;
+  readonly requestId: string;
+}
+type RefusalLog = (refusal: HttpRefusal) => void;
+
+/** Access lines and metrics of the answers written at this level (the app's own come from its access log). */
+function refusalLog(logger: Logger, metrics: GatewayMetrics): RefusalLog {
+  const writeLine = accessLogWriter(logger);
+  return function logRefusal(r) {
+    metrics.request(UNMATCHED, r.status, 0, r.reason);
+    writeLine({
+      reqId: r.requestId,
+      method: r.method,
+      endpoint: UNMATCHED,
+      status: r.status,
+      ms: 0,
+      address: (r.socket as { remoteAddress?: string }).remoteAddress,
+      reason: r.reason,
+    });
+  };
+}
+
 export function createPublicServer(
   app: Hono<GatewayEnv>,
   settings: ServerSettings,
-  logger: Logger,
+  observe: { logger: Logger; metrics: GatewayMetrics },
   onUpgrade: (req: IncomingMessage, socket: Duplex, head: Buffer) => void,
 ): PublicServer {
+  const logRefusal = refusalLog(observe.logger, observe.metrics);
+  const nextId = requestIdSource();
   const listener = getRequestListener(app.fetch, {
     // A request node-server cannot turn into a URL (bad Host header, absolute-form oddities).
     errorHandler: () =>
@@ -64,8 +98,12 @@ export function createPublicServer(
     answers.track(req, res);
     const refusal = gateRefusal(req, settings.maxHeaderCount);
     if (refusal) {
-      logger.debug({ status: refusal.status, reason: refusal.message }, 'request refused at the gate');
-      writeAnswer(res, refusal.status, refusal.message, [['Connection', 'close']]);
+      const requestId = nextId();
+      writeAnswer(res, refusal.status, refusal.message, [
+        ['Connection', 'close'],
+        ['X-Request-Id', requestId],
+      ]);
+      logRefusal({ status: refusal.status, reason: refusal.reason, socket: req.socket, method: req.method, requestId });
       return;
     }
     void listener(req, res);
@@ -75,19 +113,35 @@ export function createPublicServer(
     const refusal = gateRefusal(req, settings.maxHeaderCount, true);
     if (!refusal) return onUpgrade(req, socket, head);
     socket.on('error', () => socket.destroy());
-    answerAndLinger(socket, refusal.status, refusal.message);
+    const requestId = nextId();
+    answerAndLinger(socket, refusal.status, refusal.message, requestId);
+    logRefusal({ status: refusal.status, reason: refusal.reason, socket, method: 'WS', requestId });
   });
 
-  server.on('checkExpectation', function unsupportedExpectation(_req: IncomingMessage, res: ServerResponse) {
-    writeAnswer(res, 417, 'Only Expect: 100-continue is supported', [['Connection', 'close']]);
+  server.on('checkExpectation', function unsupportedExpectation(req: IncomingMessage, res: ServerResponse) {
+    const requestId = nextId();
+    writeAnswer(res, 417, 'Only Expect: 100-continue is supported', [
+      ['Connection', 'close'],
+      ['X-Request-Id', requestId],
+    ]);
+    logRefusal({ status: 417, reason: 'expectation', socket: req.socket, method: req.method, requestId });
   });
 
-  server.on('connect', function refuseConnect(_req: IncomingMessage, socket: Duplex) {
+  server.on('connect', function refuseConnect(req: IncomingMessage, socket: Duplex) {
     socket.on('error', () => socket.destroy());
-    answerAndLinger(socket, 501, 'CONNECT is not supported');
+    const requestId = nextId();
+    answerAndLinger(socket, 501, 'CONNECT is not supported', requestId);
+    logRefusal({ status: 501, reason: 'not-implemented', socket, method: req.method, requestId });
   });
 
-  server.on('clientError', clientErrorHandler(answers, logger));
+  server.on(
+    'clientError',
+    clientErrorHandler(answers, observe.logger, (status, reason, socket, method) => {
+      const requestId = nextId();
+      logRefusal({ status, reason, socket, method, requestId });
+      return requestId;
+    }),
+  );
   return { server, inFlight: () => answers.inFlight };
 }
 
@@ -146,6 +200,7 @@ class OpenAnswers {
 function clientErrorHandler(
   answers: OpenAnswers,
   logger: Logger,
+  answered: (status: number, reason: Reason, socket: Duplex, method: string | undefined) => string,
 ): (err: NodeJS.ErrnoException, socket: Duplex) => void {
   /** Connections whose parser failed: the first failure is the one answered. */
   const failed = new WeakSet<Duplex>();
@@ -156,27 +211,29 @@ function clientErrorHandler(
       socket.destroy();
       return;
     }
-    const [status, message] = clientErrorAnswer(err.code);
+    const [status, reason, message] = clientErrorAnswer(err.code);
     logger.debug({ code: err.code, status }, 'client error');
+    const refuse = (method?: string): void =>
+      answerAndLinger(socket, status, message, answered(status, reason, socket, method));
     const pending = answers.pending(socket);
     // A request whose own bytes broke off (or stopped coming) can never be answered by a bridge.
     const broken = pending.find((e) => !e.req.complete);
     if (broken) {
-      if (!broken.res.headersSent) answerAndLinger(socket, status, message);
+      if (!broken.res.headersSent) refuse(broken.req.method);
       // The gate's refusal of this very request is on its way and closes the connection.
       else if (!broken.res.writableEnded) socket.destroy();
       return;
     }
     const last = pending.at(-1);
     if (!last) {
-      answerAndLinger(socket, status, message);
+      refuse();
       return;
     }
     // The failure is in a request that follows complete ones still being answered: they get their
     // answers first, then this refusal (unless the last of them closes the connection anyway: a
     // client that half-closed, or a refusal that said Connection: close).
     last.res.prependOnceListener('finish', () => {
-      if (last.res.shouldKeepAlive && socket.writable) answerAndLinger(socket, status, message);
+      if (last.res.shouldKeepAlive && socket.writable) refuse();
     });
   };
 }
@@ -186,23 +243,23 @@ function clientErrorHandler(
  * what the client still sends is read and dropped for a moment, so that the answer is not lost to
  * a reset, and then the connection is closed, also when the client never closes its side.
  */
-function answerAndLinger(socket: Duplex, status: number, message: string): void {
-  socket.end(rawAnswer(status, message));
+function answerAndLinger(socket: Duplex, status: number, message: string, requestId: string): void {
+  socket.end(rawAnswer(status, message, [['X-Request-Id', requestId]]));
   socket.resume();
   setTimeout(() => socket.destroy(), LINGER_MS).unref();
 }
 
-function clientErrorAnswer(code: string | undefined): [number, string] {
+function clientErrorAnswer(code: string | undefined): [number, Reason, string] {
   switch (code) {
     case 'HPE_HEADER_OVERFLOW':
-      return [431, 'Request headers are too large'];
+      return [431, 'header-size', 'Request headers are too large'];
     case 'ERR_HTTP_REQUEST_TIMEOUT':
-      return [408, 'Request took too long to arrive'];
+      return [408, 'client-timeout', 'Request took too long to arrive'];
     case 'HPE_CHUNK_EXTENSIONS_OVERFLOW':
-      return [413, 'Chunk extensions are too large'];
+      return [413, 'body-size', 'Chunk extensions are too large'];
     case 'HPE_UNEXPECTED_CONTENT_LENGTH':
-      return [400, 'Content-Length and Transfer-Encoding together are not accepted'];
+      return [400, 'bad-request', 'Content-Length and Transfer-Encoding together are not accepted'];
     default:
-      return [400, 'Malformed HTTP request'];
+      return [400, 'bad-request', 'Malformed HTTP request'];
   }
 }

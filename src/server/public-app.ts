@@ -64,6 +64,8 @@ export function createPublicApp(deps: PublicAppDeps): Hono<GatewayEnv> {
       webSocketProxy: deps.webSocketProxy,
       websockets: deps.websockets,
       maxBodyBytes: settings.maxBodyBytes,
+      apiKeyHeader: settings.apiKeyHeader,
+      consumerIdHeader: settings.consumerIdHeader,
     }),
   );
   app.onError((err, c) => {

@@ -18,17 +18,19 @@ import type { IncomingMessage } from 'node:http';
 
 export interface GateRefusal {
   readonly status: 400 | 431 | 501;
+  readonly reason: 'header-size' | 'bad-request' | 'not-implemented';
   readonly message: string;
 }
 
 export function gateRefusal(req: IncomingMessage, maxHeaderCount: number, upgrade = false): GateRefusal | undefined {
   const raw = req.rawHeaders;
-  if (raw.length / 2 > maxHeaderCount) return { status: 431, message: 'Too many request headers' };
+  if (raw.length / 2 > maxHeaderCount)
+    return { status: 431, reason: 'header-size', message: 'Too many request headers' };
   if (req.httpVersionMajor === 1 && req.httpVersionMinor === 1) {
     let hosts = 0;
     for (let i = 0; i < raw.length; i += 2) if ((raw[i] as string).length === 4 && isHost(raw[i] as string)) hosts++;
-    if (hosts === 0) return { status: 400, message: 'Missing Host header' };
-    if (hosts > 1) return { status: 400, message: 'More than one Host header' };
+    if (hosts === 0) return { status: 400, reason: 'bad-request', message: 'Missing Host header' };
+    if (hosts > 1) return { status: 400, reason: 'bad-request', message: 'More than one Host header' };
   }
   const transferEncoding = req.headers['transfer-encoding'];
   if (transferEncoding !== undefined) {
@@ -36,11 +38,13 @@ export function gateRefusal(req: IncomingMessage, maxHeaderCount: number, upgrad
       .split(',')
       .map((coding) => coding.trim().toLowerCase())
       .filter(Boolean);
-    if (codings.at(-1) !== 'chunked') return { status: 400, message: 'Transfer-Encoding must end with chunked' };
-    if (codings.length > 1) return { status: 501, message: 'Only the chunked transfer coding is supported' };
+    if (codings.at(-1) !== 'chunked')
+      return { status: 400, reason: 'bad-request', message: 'Transfer-Encoding must end with chunked' };
+    if (codings.length > 1)
+      return { status: 501, reason: 'not-implemented', message: 'Only the chunked transfer coding is supported' };
   }
   if (upgrade && (transferEncoding !== undefined || (req.headers['content-length'] ?? '0') !== '0')) {
-    return { status: 400, message: 'An upgrade request carries no body' };
+    return { status: 400, reason: 'bad-request', message: 'An upgrade request carries no body' };
   }
   return undefined;
 }

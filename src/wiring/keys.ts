@@ -97,7 +97,10 @@ export async function assembleKeys(
     attempts: settings.invalidKeyAttempts,
     windowSeconds: settings.invalidKeyWindowSeconds,
     // Every instance refuses the address from now on, not only those that see it guess.
-    onBlock: (address, ms) => void backend.events.publish({ type: 'address-blocked', address, ms }).catch(() => {}),
+    onBlock: (address, ms) => {
+      logger.warn({ address, seconds: Math.ceil(ms / 1000) }, 'address blocked for sending invalid API keys');
+      void backend.events.publish({ type: 'address-blocked', address, ms }).catch(() => {});
+    },
   });
   return { registry, guard, reloadKeyFile };
 }

@@ -4,6 +4,7 @@ import { getRequestListener } from '@hono/node-server';
 import type { Hono } from 'hono';
 import type { Settings } from '../config/settings.js';
 import type { Logger } from '../observability/logger.js';
+import type { GatewayMetrics } from '../observability/metrics.js';
 import type { Forwarder } from '../proxy/forwarder.js';
 import type { GatewayEnv } from '../server/context.js';
 import { createPublicServer } from '../server/http-server.js';
@@ -44,10 +45,10 @@ export interface PublicServerParts {
 export async function startPublicServer(
   parts: PublicServerParts,
   settings: Settings,
-  logger: Logger,
+  observe: { logger: Logger; metrics: GatewayMetrics },
   closers: Closers,
 ): Promise<Listening> {
-  const publicServer = createPublicServer(parts.app, settings, logger, upgradeListener(parts.app, parts.accepting));
+  const publicServer = createPublicServer(parts.app, settings, observe, upgradeListener(parts.app, parts.accepting));
   const { server } = publicServer;
   await listen(server, settings.port, settings.host, 'PORT');
   closers.add('public listener', async () => {

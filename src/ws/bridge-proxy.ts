@@ -28,6 +28,8 @@ export interface UpgradeRequest {
   readonly answerHeaders: HeaderList;
   /** Request fields never forwarded (lower case). */
   readonly droppedHeaders?: ReadonlySet<string>;
+  /** Fields added for the bridge (flat list): who is calling (README "Forwarding"). */
+  readonly addedHeaders?: readonly string[] | undefined;
   /** Called once the bridge accepted the upgrade and the two sockets are joined, before a byte flows between them. */
   readonly onOpen: (client: Duplex, bridge: Socket) => void;
   readonly onDone: (status: number) => void;
@@ -107,6 +109,7 @@ export class WebSocketProxy {
       framing: { kind: 'none' },
       upgrade: incoming.headers.upgrade ?? 'websocket',
       ...(request.droppedHeaders ? { dropped: request.droppedHeaders } : {}),
+      added: request.addedHeaders,
     });
     // http-proxy writes the upgrade request from req.headers.
     const object: Record<string, string> = {};

@@ -82,8 +82,10 @@ describe('registered keys, shared by two instances', () => {
     expect(reply.text).toBe('{"error":"Unauthorized","message":"Invalid API key"}');
     expect(reply.headers['x-ratelimit-limit-hour']).toBeUndefined();
     expect(eqt.requests.length).toBe(before);
+    // A made-up string is no key: no usage of zeros for it.
     const usage = await send(a.adminUrl, { path: '/admin/usage/made-up-key', headers: authHeader() });
-    expect(usage.json<{ endpoints: Array<{ hour: { used: number } }> }>().endpoints[0]?.hour.used).toBe(0);
+    expect(usage.status).toBe(404);
+    expect(expectTwoFields(usage)).toEqual({ error: 'Not Found', message: 'No issued key is this key' });
   });
 
   it('admits the keys of the key file, with their plans', async () => {

@@ -34,20 +34,35 @@ afterAll(() => {
   slowBridge.closeAllConnections();
   slowBridge.close();
 });
+/** Gateways started under npm: their own pids, killed too should a test fail before they stop. */
+const gatewayPids: number[] = [];
 afterEach(() => {
   for (const child of children.splice(0)) if (child.exitCode === null) child.kill('SIGKILL');
+  for (const pid of gatewayPids.splice(0)) {
+    try {
+      process.kill(pid, 'SIGKILL');
+    } catch {
+      // Already gone, as it should be.
+    }
+  }
 });
 
-async function startProcess(env: Record<string, string> = {}) {
+/** `npm`: the gateway as `npm start` runs it, the npm process being the child (as a process manager sees it). */
+async function startProcess(env: Record<string, string> = {}, how: 'node' | 'npm' = 'node') {
   const dir = mkdtempSync(join(tmpdir(), 'oapi-proc-'));
   writeFileSync(join(dir, 'limits.yaml'), LIMITS);
   const port = await freePort();
   const adminPort = await freePort();
   const prefix = uniquePrefix('proc');
-  const child = spawn(process.execPath, [join(ROOT, 'dist/main.js')], {
+  const [command, args] =
+    how === 'npm' ? ['npm', ['start', '--silent', '--prefix', ROOT]] : [process.execPath, [join(ROOT, 'dist/main.js')]];
+  const child = spawn(command, args, {
     cwd: dir,
     env: {
       PATH: process.env.PATH,
+      HOME: process.env.HOME,
+      // npm runs the script in the package's folder: the table is this test's own.
+      LIMITS_FILE: join(dir, 'limits.yaml'),
       PORT: String(port),
       HOST: '127.0.0.1',
       ADMIN_PORT: String(adminPort),
@@ -69,6 +84,8 @@ async function startProcess(env: Record<string, string> = {}) {
   const deadline = Date.now() + 8000;
   while (!log.includes('gateway listening') && Date.now() < deadline) await new Promise((r) => setTimeout(r, 25));
   if (!log.includes('gateway listening')) throw new Error(`gateway did not start:\n${log}`);
+  const pid = Number(/"pid":(\d+)/.exec(log)?.[1]);
+  if (how === 'npm') gatewayPids.push(pid);
   return {
     child,
     dir,
@@ -76,6 +93,8 @@ async function startProcess(env: Record<string, string> = {}) {
     adminUrl: `http://127.0.0.1:${adminPort}`,
     prefix,
     log: () => log,
+    /** The gateway's own pid (under npm, the child is npm). */
+    pid,
     exited,
   };
 }
@@ -98,14 +117,19 @@ describe('SIGHUP', () => {
   });
 });
 
-describe.each(['SIGTERM', 'SIGINT'] as const)('%s', (signal) => {
+describe.each([
+  ['SIGTERM', 'node'],
+  ['SIGINT', 'node'],
+  ['SIGTERM', 'npm'],
+  ['SIGINT', 'npm'],
+] as const)('%s sent to the %s process', (signal, how) => {
   it('stops accepting, lets requests in flight finish, closes Redis and exits 0', async () => {
-    const gw = await startProcess();
+    const gw = await startProcess({}, how);
     const redis = redisClient();
     const ownConnections = async (): Promise<number> =>
       String(await redis.client('LIST'))
         .split('\n')
-        .filter((l: string) => l.includes(` name=oapi-gateway:${gw.child.pid} `)).length;
+        .filter((l: string) => l.includes(` name=oapi-gateway:${gw.pid} `)).length;
     expect(await ownConnections()).toBeGreaterThanOrEqual(2); // counters and the event channel
     const inFlight = send(gw.url, { path: '/orders/1?delay=700', headers: { 'X-API-Key': 'drain' }, agent: false });
     await new Promise((r) => setTimeout(r, 200));
@@ -121,9 +145,13 @@ describe.each(['SIGTERM', 'SIGINT'] as const)('%s', (signal) => {
     const reply = await inFlight;
     expect(reply.status).toBe(200);
     expect(reply.text).toBe('{"slow":true}');
+    // npm passes the signal on to the gateway (package.json `start` execs node) and ends as the gateway did.
     expect(await gw.exited).toBe(0);
     expect(Date.now() - stopAt).toBeLessThan(5000);
     expect(gw.log()).toContain('"msg":"gateway stopped"');
+    // Its node process is gone too, not left running without its graceful shutdown (regression: `npm start`).
+    expect(gw.pid).toBeGreaterThan(0);
+    expect(() => process.kill(gw.pid, 0)).toThrow();
     expect(await ownConnections()).toBe(0);
     redis.disconnect();
   });

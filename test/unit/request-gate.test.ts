@@ -56,11 +56,19 @@ describe('gateRefusal', () => {
       ...Array.from({ length: count - 1 }, (_, i): [string, string] => [`X-${i}`, 'v']),
     ];
     expect(gateRefusal(head(lines(100)), 100)).toBeUndefined();
-    expect(gateRefusal(head(lines(101)), 100)).toEqual({ status: 431, message: 'Too many request headers' });
+    expect(gateRefusal(head(lines(101)), 100)).toEqual({
+      status: 431,
+      reason: 'header-size',
+      message: 'Too many request headers',
+    });
   });
 
   it('wants exactly one Host on HTTP/1.1, none on HTTP/1.0', () => {
-    expect(gateRefusal(head([['X-API-Key', 'k']]), 100)).toEqual({ status: 400, message: 'Missing Host header' });
+    expect(gateRefusal(head([['X-API-Key', 'k']]), 100)).toEqual({
+      status: 400,
+      reason: 'bad-request',
+      message: 'Missing Host header',
+    });
     expect(
       gateRefusal(
         head([
@@ -71,6 +79,7 @@ describe('gateRefusal', () => {
       ),
     ).toEqual({
       status: 400,
+      reason: 'bad-request',
       message: 'More than one Host header',
     });
     expect(gateRefusal(head([['X-API-Key', 'k']], '1.0'), 100)).toBeUndefined();
@@ -85,15 +94,15 @@ describe('gateRefusal', () => {
     ['gzip, chunked', 501],
     ['deflate,chunked', 501],
   ])('refuses Transfer-Encoding: %j with %i', (coding, status) => {
-    expect(
-      gateRefusal(
-        head([
-          ['Host', 'x'],
-          ['Transfer-Encoding', coding],
-        ]),
-        100,
-      )?.status,
-    ).toBe(status);
+    const refusal = gateRefusal(
+      head([
+        ['Host', 'x'],
+        ['Transfer-Encoding', coding],
+      ]),
+      100,
+    );
+    expect(refusal?.status).toBe(status);
+    expect(refusal?.reason).toBe(status === 501 ? 'not-implemented' : 'bad-request');
   });
 
   it('refuses an upgrade that announces a body, and only an upgrade', () => {
@@ -101,7 +110,11 @@ describe('gateRefusal', () => {
       ['Host', 'x'],
       ['Content-Length', '5'],
     ]);
-    expect(gateRefusal(withLength, 100, true)).toEqual({ status: 400, message: 'An upgrade request carries no body' });
+    expect(gateRefusal(withLength, 100, true)).toEqual({
+      status: 400,
+      reason: 'bad-request',
+      message: 'An upgrade request carries no body',
+    });
     expect(gateRefusal(withLength, 100, false)).toBeUndefined();
     expect(
       gateRefusal(

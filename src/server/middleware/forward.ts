@@ -18,12 +18,22 @@ export interface ForwardOptions {
   readonly webSocketProxy: WebSocketProxy;
   readonly websockets: WebSocketConnections;
   readonly maxBodyBytes: number;
+  /** The client's API key never reaches a bridge (README "Forwarding"). */
+  readonly apiKeyHeader: string;
+  /** Tells the bridge the issued key's id; undefined: not sent. A client's own field of this name is dropped. */
+  readonly consumerIdHeader: string | undefined;
 }
 
 const NO_HEADERS: HeaderList = [];
 
 export function forward(options: ForwardOptions): Handler<GatewayEnv> {
-  const { forwarder, webSocketProxy, websockets, maxBodyBytes } = options;
+  const { forwarder, webSocketProxy, websockets, maxBodyBytes, consumerIdHeader } = options;
+  const droppedHeaders: ReadonlySet<string> = new Set(
+    [options.apiKeyHeader, consumerIdHeader ?? ''].filter(Boolean).map((name) => name.toLowerCase()),
+  );
+  const consumerOf = (keyId: string | undefined): string[] | undefined =>
+    keyId !== undefined && consumerIdHeader ? [consumerIdHeader, keyId] : undefined;
+
   return async function forward(c) {
     const incoming = c.env?.incoming;
     // Only an in-process app.request() has no socket; there is nothing to forward it over.
@@ -33,6 +43,7 @@ export function forward(options: ForwardOptions): Handler<GatewayEnv> {
     const upgrade = c.env.upgrade;
     // Added to the bridge's answer (the 101 of an upgrade included) and to a 502/504 the gateway writes.
     const usageHeaders = c.get('usageHeaders') ?? NO_HEADERS;
+    const addedHeaders = consumerOf(c.get('client')?.keyId);
 
     if (upgrade) {
       const opened = await new Promise<number>((resolve) => {
@@ -45,6 +56,8 @@ export function forward(options: ForwardOptions): Handler<GatewayEnv> {
           requestId,
           clientAddress: c.get('clientAddress'),
           answerHeaders: [...usageHeaders, ['X-Request-Id', requestId]],
+          droppedHeaders,
+          addedHeaders,
           onOpen: (client, bridge) => websockets.add(endpoint.row, client, bridge),
           onDone: resolve,
         });
@@ -63,6 +76,8 @@ export function forward(options: ForwardOptions): Handler<GatewayEnv> {
       requestId,
       clientAddress: c.get('clientAddress'),
       usageHeaders,
+      droppedHeaders,
+      addedHeaders,
     });
     c.set('forwarded', result);
     return RESPONSE_ALREADY_SENT;

@@ -1,0 +1,20 @@
+import { Hono } from 'hono';
+import type { AdminDeps } from './app.js';
+import { refusal } from './common.js';
+
+/**
+ * Addresses the invalid-key guard blocks (README "API keys and plans"): the list this instance
+ * holds, and an unblock that every instance hears at once.
+ */
+export function blocksApp(deps: AdminDeps): Hono {
+  const app = new Hono();
+  app.get('/', (c) => c.json({ blocks: deps.guard.blocks() }));
+  app.delete('/:address', async (c) => {
+    const address = c.req.param('address');
+    if (!(await deps.guard.unblock(address))) return refusal(c, 404, `Address ${address} is not blocked`);
+    await deps.events.publish({ type: 'address-unblocked', address });
+    deps.logger.info({ address }, 'address unblocked');
+    return c.body(null, 204);
+  });
+  return app;
+}
