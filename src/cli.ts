@@ -6,6 +6,7 @@ import { limitsFor } from './limits/limit-table.js';
 import { readLimitsFile } from './config/load-limits.js';
 import { formatSourceError } from './lib/yaml-source.js';
 import { readKeyFile } from './keys/key-file.js';
+import { newApiKey } from './keys/registry.js';
 import { sha256Hex } from './lib/hash.js';
 import { adminOpenApi } from './openapi/admin.js';
 import { publicOpenApi } from './openapi/public.js';
@@ -14,7 +15,8 @@ import { VERSION } from './lib/version.js';
 /**
  * `npx oapi-gateway check [FILE] [--keys FILE]`: validates a limits file (and the key file),
  * prints the table, exits 1 with every error and its line when something is wrong.
- * `npx oapi-gateway keys hash KEY`: prints the line for `config/api-keys.yaml`.
+ * `npx oapi-gateway keys hash KEY|-`: prints the line for `config/api-keys.yaml` (`-`: the key from
+ * standard input, which keeps it out of shell history and `ps`). `keys new`: a fresh key and its line.
  * `npx oapi-gateway openapi [FILE] | --admin`: prints the OpenAPI 3.1 document of the public API
  * of a limits file, or of the admin listener.
  */
@@ -22,6 +24,8 @@ import { VERSION } from './lib/version.js';
 const USAGE = `usage:
   oapi-gateway check [LIMITS_FILE] [--keys KEYS_FILE]   validate a limits file (default: $LIMITS_FILE or limits.yaml)
   oapi-gateway keys hash KEY                          print the sha256 line of a key for config/api-keys.yaml
+  oapi-gateway keys hash -                            the same, the key read from standard input (one line)
+  oapi-gateway keys new                               print a fresh key, then its sha256 line
   oapi-gateway openapi [LIMITS_FILE]                  print the OpenAPI 3.1 document of the public API of a limits file
   oapi-gateway openapi --admin                        print the OpenAPI 3.1 document of the admin listener`;
 
@@ -95,13 +99,33 @@ function renderTable(table: LimitTable, file: string): string {
   return out;
 }
 
-function keys(args: string[]): number {
+async function keys(args: string[]): Promise<number> {
+  if (args[0] === 'new' && args.length === 1) {
+    const key = newApiKey();
+    process.stdout.write(`${key}\n    sha256: ${sha256Hex(key)}\n`);
+    return 0;
+  }
   if (args[0] !== 'hash' || args.length !== 2 || !args[1]) {
     process.stderr.write(USAGE + '\n');
     return 2;
   }
-  process.stdout.write(`    sha256: ${sha256Hex(args[1])}\n`);
+  const key = args[1] === '-' ? await firstLine(process.stdin) : args[1];
+  if (!key) {
+    process.stderr.write('keys hash -: no key on standard input\n');
+    return 1;
+  }
+  process.stdout.write(`    sha256: ${sha256Hex(key)}\n`);
   return 0;
+}
+
+/** The first line of a stream, without its line ending. */
+async function firstLine(input: NodeJS.ReadableStream): Promise<string> {
+  let text = '';
+  for await (const chunk of input) {
+    text += String(chunk);
+    if (text.includes('\n')) break;
+  }
+  return (text.split('\n')[0] ?? '').replace(/\r$/, '');
 }
 
 async function openapi(args: string[]): Promise<number> {

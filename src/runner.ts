@@ -116,7 +116,7 @@ async function start(parts: Parts): Promise<Gateway> {
             registry: keys.registry,
             guard: keys.guard,
             apiKeyMode: settings.apiKeyMode,
-            keysReady: () => settings.apiKeyMode !== 'registered' || keys.registry.loaded,
+            keysReady: keys.ready,
             events: backend.events,
             metrics,
             logger,

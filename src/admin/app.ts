@@ -32,7 +32,7 @@ export interface AdminDeps {
   /** `registered`: only issued keys have usage; any other key is unknown (404). */
   readonly apiKeyMode: ApiKeyMode;
   /** False until the issued keys were read once: the instance cannot tell valid keys yet. */
-  readonly keysReady: () => boolean;
+  readonly keysReady: () => Promise<boolean>;
   readonly events: EventBus;
   readonly metrics: GatewayMetrics;
   readonly logger: Logger;

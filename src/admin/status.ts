@@ -18,7 +18,7 @@ export function statusApp(deps: AdminDeps): Hono {
   app.get('/readyz', async (c) => {
     if (deps.shuttingDown()) return c.json({ status: 'unavailable', reason: 'shutting down' }, 503);
     if (!deps.tables.current()) return c.json({ status: 'unavailable', reason: 'no valid limit table is loaded' }, 503);
-    if (!deps.keysReady()) {
+    if (!(await deps.keysReady())) {
       return c.json(
         { status: 'unavailable', reason: 'the issued API keys could not be read yet: Redis unreachable' },
         503,

@@ -72,12 +72,17 @@ export class TableHolder {
       );
       return result;
     }
+    const wasRefused = this.#refusedContent !== undefined;
     this.#refusedContent = undefined;
     const previous = this.#current;
     if (previous && previous.hash === result.table.hash) {
-      if (trigger !== 'file') {
+      // A file put back to the table in force after a refusal: the last line said "refused", so say it is good again.
+      if (trigger !== 'file' || wasRefused) {
         this.#metrics.reloads.labels('unchanged').inc();
-        this.#logger.info({ trigger, file: this.displayName, hash: previous.hash }, 'limit table unchanged');
+        this.#logger.info(
+          { trigger, file: this.displayName, hash: previous.hash },
+          wasRefused ? 'limit table valid again; the table in force is unchanged' : 'limit table unchanged',
+        );
       }
       return { ok: true, table: previous, changed: false };
     }

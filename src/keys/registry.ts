@@ -51,6 +51,11 @@ export class MemoryIssuedKeyStore implements IssuedKeyStore {
   }
 }
 
+/** A fresh API key: 32 random bytes (256 bits, far beyond guessing); the prefix makes a leaked key easy to recognise. */
+export function newApiKey(): string {
+  return 'oapi_' + randomBytes(32).toString('base64url');
+}
+
 export type CreateResult =
   | { readonly created: true; readonly key: string; readonly record: KeyRecord }
   | { readonly created: false; readonly reason: 'id-taken' };
@@ -163,8 +168,7 @@ export class KeyRegistry {
 
   async create(id: string, plan: string | undefined): Promise<CreateResult> {
     if ([...this.#fileKeys.values()].some((k) => k.id === id)) return { created: false, reason: 'id-taken' };
-    // 32 random bytes: 256 bits, far beyond guessing; the prefix makes a leaked key easy to recognise.
-    const key = 'oapi_' + randomBytes(32).toString('base64url');
+    const key = newApiKey();
     const record: KeyRecord = {
       id,
       sha256: sha256Hex(key),

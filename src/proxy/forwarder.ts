@@ -32,6 +32,8 @@ export interface ForwardRequest {
   readonly clientAddress: string;
   /** The usage headers, added (with `X-Request-Id`) to the bridge's answer and to a 502/504/413 the forwarder writes. */
   readonly usageHeaders: HeaderList;
+  /** The gateway answers CORS (README "CORS"): the bridge's `Access-Control-*` fields are dropped. */
+  readonly ownsCors?: boolean;
   /** Request fields never forwarded (lower case). */
   readonly droppedHeaders?: ReadonlySet<string>;
   /** Fields added for the bridge (flat list): who is calling (README "Forwarding"). */
@@ -332,8 +334,8 @@ class HttpExchange {
     this.#upstreamMs = performance.now() - this.#started;
     this.#dispatch({ type: 'response' });
     if (this.#state.phase !== 'streaming') return false;
-    const { outgoing, usageHeaders, requestId } = this.#request;
-    const headers = responseHeaderList(latin1(rawHeaders), usageHeaders);
+    const { outgoing, usageHeaders, requestId, ownsCors } = this.#request;
+    const headers = responseHeaderList(latin1(rawHeaders), usageHeaders, ownsCors);
     headers.push('X-Request-Id', requestId);
     outgoing.writeHead(statusCode, statusText, headers);
     return true;

@@ -164,11 +164,12 @@ const GATEWAY_FIELDS = new Set([
 /**
  * The bridge's response headers as a flat list for one `writeHead`: hop-by-hop fields dropped,
  * names and repeated fields kept exactly, the gateway's own fields added (they replace a bridge
- * field of the same name).
+ * field of the same name; with `ownsCors`, every `Access-Control-*` field of the bridge too).
  */
 export function responseHeaderList(
   rawHeaders: readonly string[],
   own: ReadonlyArray<readonly [string, string]>,
+  ownsCors = false,
 ): string[] {
   let connection: string | undefined;
   for (let i = 0; i < rawHeaders.length; i += 2) {
@@ -182,6 +183,8 @@ export function responseHeaderList(
     const name = rawHeaders[i] as string;
     const field = lower(name);
     if (HOP_BY_HOP.has(field) || GATEWAY_FIELDS.has(field) || (named.length > 0 && named.includes(field))) continue;
+    // With CORS on, the gateway alone says which origins may read an answer.
+    if (ownsCors && field.startsWith('access-control-')) continue;
     out.push(name, rawHeaders[i + 1] as string);
   }
   for (const [name, value] of own) out.push(name, value);

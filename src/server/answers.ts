@@ -19,10 +19,12 @@ export function answer(
   c.set('answered', { status, reason });
   const requestId = c.get('requestId');
   const usage = c.get('usageHeaders');
+  const cors = c.get('corsHeaders');
   const outgoing = (c.env as { outgoing?: ServerResponse } | undefined)?.outgoing;
   if (outgoing && !outgoing.headersSent) {
     const list: HeaderList = requestId ? [['X-Request-Id', requestId]] : [];
     if (usage) list.push(...usage);
+    if (cors) list.push(...cors);
     list.push(...headers);
     writeAnswer(outgoing, status, message, list);
     return RESPONSE_ALREADY_SENT;
@@ -31,6 +33,7 @@ export function answer(
   out.set('Content-Type', JSON_TYPE);
   if (requestId) out.set('X-Request-Id', requestId);
   for (const [name, value] of usage ?? []) out.set(name, value);
+  for (const [name, value] of cors ?? []) out.set(name, value);
   for (const [name, value] of headers) out.set(name, value);
   return new Response(errorBody(status, message), { status, headers: out });
 }

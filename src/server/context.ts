@@ -58,6 +58,8 @@ declare module 'hono' {
     decision: Decision;
     /** Usage headers (README "Headers and answers") for this request (empty when it was not counted). */
     usageHeaders: HeaderList;
+    /** CORS fields of every answer to this request (middleware/cors.ts); unset while CORS is off. */
+    corsHeaders: HeaderList;
     /** An answer the gateway wrote itself (server/answers.ts): its status and why. */
     answered: { readonly status: number; readonly reason: Reason };
     /** Set when the answer came from a bridge. */

@@ -15,6 +15,7 @@ import type { GatewayEnv } from './context.js';
 import { accessLog } from './middleware/access-log.js';
 import { apiKeyAuth } from './middleware/api-key.js';
 import { bodyRules } from './middleware/body.js';
+import { corsHeaders } from './middleware/cors.js';
 import { matchEndpoint } from './middleware/endpoint.js';
 import { forward } from './middleware/forward.js';
 import { rateLimit } from './middleware/rate-limit.js';
@@ -45,6 +46,9 @@ export function createPublicApp(deps: PublicAppDeps): Hono<GatewayEnv> {
   app.use(
     accessLog({ logger, metrics }),
     requestId(),
+    ...(settings.corsOrigins.length > 0
+      ? [corsHeaders({ origins: settings.corsOrigins, apiKeyHeader: settings.apiKeyHeader })]
+      : []),
     apiKeyAuth({
       header: settings.apiKeyHeader,
       mode: settings.apiKeyMode,

@@ -21,6 +21,11 @@ export interface KeyAssembly {
   readonly guard: InvalidKeyGuard;
   /** Reads the key file again (after a reload of the table, whose plans it names). */
   reloadKeyFile(): Promise<void>;
+  /**
+   * Whether this instance can tell valid keys: in `registered` mode only once it read the issued
+   * keys (it tries again now if it has not yet).
+   */
+  readonly ready: () => Promise<boolean>;
 }
 
 const ISSUED_KEYS_POLL_MS = 500;
@@ -85,13 +90,26 @@ export async function assembleKeys(
     .refresh()
     .catch((err: Error) => logger.warn({ err: err.message }, 'issued keys could not be loaded yet'));
   registry.startPolling(ISSUED_KEYS_POLL_MS);
+  // Keys that could not be read at start-up (docs/operations.md "Redis") are read as soon as Redis is back.
+  backend.onConnected(() => void registry.refresh().catch(() => {}));
   closers.add('issued-key polling', () => registry.stop());
   const watch = watchFile(settings.apiKeysFile, () => void reloadKeyFile(), {
     ...(options.watchPollMs ? { pollMs: options.watchPollMs } : {}),
   });
   closers.add('key file watch', () => watch.close());
 
-  const guard = new InvalidKeyGuard({
+  const ready = async (): Promise<boolean> =>
+    settings.apiKeyMode !== 'registered' ||
+    registry.loaded ||
+    registry.refresh().then(
+      () => true,
+      () => false,
+    );
+  return { registry, guard: invalidKeyGuard(settings, backend, logger), reloadKeyFile, ready };
+}
+
+function invalidKeyGuard(settings: Settings, backend: Backend, logger: Logger): InvalidKeyGuard {
+  return new InvalidKeyGuard({
     client: backend.client,
     prefix: settings.redisKeyPrefix,
     attempts: settings.invalidKeyAttempts,
@@ -102,5 +120,4 @@ export async function assembleKeys(
       void backend.events.publish({ type: 'address-blocked', address, ms }).catch(() => {});
     },
   });
-  return { registry, guard, reloadKeyFile };
 }

@@ -1,4 +1,4 @@
-import { execFile } from 'node:child_process';
+import { execFile, spawn } from 'node:child_process';
 import { promisify } from 'node:util';
 
 /** The repository root, where `npx oapi-gateway` is run. */
@@ -11,4 +11,21 @@ const execFileAsync = promisify(execFile);
 /** Runs `oapi-gateway ARGS` as the built CLI; rejects (with code, stdout, stderr) on a non-zero exit. */
 export function runCli(args: readonly string[], options: { cwd?: string; env?: NodeJS.ProcessEnv } = {}) {
   return execFileAsync(process.execPath, [CLI, ...args], { cwd: options.cwd ?? ROOT, env: options.env ?? process.env });
+}
+
+/** Runs `oapi-gateway ARGS` with `input` on its standard input; resolves with its exit code and output. */
+export function runCliWithInput(
+  args: readonly string[],
+  input: string,
+): Promise<{ code: number | null; stdout: string; stderr: string }> {
+  return new Promise((resolve, reject) => {
+    const child = spawn(process.execPath, [CLI, ...args], { cwd: ROOT, stdio: ['pipe', 'pipe', 'pipe'] });
+    let stdout = '';
+    let stderr = '';
+    child.stdout.on('data', (chunk: Buffer) => (stdout += chunk.toString()));
+    child.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
+    child.on('error', reject);
+    child.on('close', (code) => resolve({ code, stdout, stderr }));
+    child.stdin.end(input);
+  });
 }

@@ -1,10 +1,11 @@
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
+import { createHash } from 'node:crypto';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { afterEach, describe, expect, it } from 'vitest';
-import { ROOT, runCli } from '../helpers/cli.js';
+import { ROOT, runCli, runCliWithInput } from '../helpers/cli.js';
 import { freePort } from '../helpers/redis.js';
 
 /** The commands of README "Running it", run as a user runs them (from the built `dist/`). */
@@ -114,7 +115,7 @@ describe('npx oapi-gateway', () => {
 
   it('check prints the shipped table and exits 0', async () => {
     const { stdout } = await runCli(['check', 'limits.yaml']);
-    expect(stdout).toMatch(/^limits\.yaml: valid, 18 rows, timezone UTC, sha256:[0-9a-f]{64}\n/);
+    expect(stdout).toMatch(/^limits\.yaml: valid, 18 rows, timezone Asia\/Ho_Chi_Minh, sha256:[0-9a-f]{64}\n/);
     expect(stdout).toContain('Latest Quote');
     expect(stdout).toContain('+ POST /oapi/auth/gen-secret-key/derivative');
     expect(stdout).toMatch(/WS \/ws\/orders\s+60\s+500/);
@@ -163,6 +164,39 @@ describe('npx oapi-gateway', () => {
   it('keys hash prints the line for the key file', async () => {
     const { stdout } = await runCli(['keys', 'hash', 'foo']);
     expect(stdout).toBe('    sha256: 2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae\n');
+  });
+
+  it.each([
+    ['a line with its newline', 'foo\n'],
+    ['a line without one', 'foo'],
+    ['a line ending in CRLF', 'foo\r\n'],
+    ['a first line and more after it', 'foo\nbar\n'],
+  ])('keys hash - reads the key from standard input: %s, and prints only the line', async (_what, input) => {
+    const result = await runCliWithInput(['keys', 'hash', '-'], input);
+    expect(result).toEqual({
+      code: 0,
+      stdout: '    sha256: 2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae\n',
+      stderr: '',
+    });
+  });
+
+  it('keys hash - refuses empty standard input with exit 1', async () => {
+    const result = await runCliWithInput(['keys', 'hash', '-'], '\n');
+    expect(result).toEqual({ code: 1, stdout: '', stderr: 'keys hash -: no key on standard input\n' });
+  });
+
+  it('keys new prints a fresh key and the sha256 line that admits it', async () => {
+    const first = (await runCli(['keys', 'new'])).stdout;
+    const second = (await runCli(['keys', 'new'])).stdout;
+    const [key, line, rest] = first.split('\n');
+    expect(key).toMatch(/^oapi_[A-Za-z0-9_-]{43}$/);
+    expect(line).toBe(
+      `    sha256: ${createHash('sha256')
+        .update(key ?? '')
+        .digest('hex')}`,
+    );
+    expect(rest).toBe('');
+    expect(second.split('\n')[0]).not.toBe(key);
   });
 });
 

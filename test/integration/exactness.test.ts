@@ -136,6 +136,38 @@ describe('windows over time', () => {
   });
 });
 
+describe('the shipped limits.yaml over time', () => {
+  // A day in the future, as above.
+  const day = new Date(Math.ceil(Date.now() / 86_400_000) * 86_400_000 + 86_400_000);
+  const at = (time: string): string => `${day.toISOString().slice(0, 10)}T${time}Z`;
+  const clock = new FakeClock(at('16:30:00'));
+  let gw: TestGateway;
+
+  beforeAll(async () => {
+    gw = await startTestGateway({ clock, env: { LOG_LEVEL: 'warn' } });
+  });
+  afterAll(async () => {
+    await gw.stop();
+  });
+
+  it('starts the day at 00:00 in Hanoi (17:00 UTC), not at midnight UTC', async () => {
+    const key = `hanoi-${Date.now()}`;
+    const call = () => send(gw.url, { path: '/orders', method: 'POST', headers: { 'X-API-Key': key } });
+    // 23:30 in Hanoi: the day ends in half an hour.
+    const late = await call();
+    expect(late.headers['x-ratelimit-remaining-day']).toBe('49999');
+    expect(late.headers.ratelimit).toBe('"hour";r=3599;t=1800, "day";r=49999;t=1800');
+    await call();
+    clock.set(at('16:59:59'));
+    expect((await call()).headers['x-ratelimit-remaining-day']).toBe('49997');
+    // 00:00 in Hanoi: a new day (in UTC the day would carry on to 24:00 UTC, 07:00 in Hanoi).
+    clock.set(at('17:00:00'));
+    const nextDay = await call();
+    expect(nextDay.headers['x-ratelimit-remaining-day']).toBe('49999');
+    expect(nextDay.headers.ratelimit).toBe('"hour";r=3599;t=3600, "day";r=49999;t=86400');
+  });
+});
+
 describe('bridges that fail', () => {
   let unreachable: TestGateway;
   let silent: TestGateway;

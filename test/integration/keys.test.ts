@@ -213,6 +213,37 @@ describe('registered keys, shared by two instances', () => {
     });
   });
 
+  it('reports and resets usage by key id, on every instance, as /admin/usage/{apiKey} does', async () => {
+    const { key } = (await issue(a, 'support-client')).json<{ key: string }>();
+    for (let i = 0; i < 3; i++) expect((await call(b, key)).status).toBe(200);
+    const byId = await send(a.adminUrl, { path: '/admin/keys/support-client/usage', headers: authHeader() });
+    const byKey = await send(a.adminUrl, { path: `/admin/usage/${key}`, headers: authHeader() });
+    expect(byId.status).toBe(200);
+    type Usage = { endpoints: Array<{ route: string; hour: { used: number; limit: number }; day: { used: number } }> };
+    const used = (u: Usage) => u.endpoints.map((e) => [e.route, e.hour.used, e.hour.limit, e.day.used]);
+    expect(used(byId.json<Usage>())).toEqual(used(byKey.json<Usage>()));
+    expect(used(byId.json<Usage>())[0]).toEqual(['GET /orders/{id}', 3, 4, 3]);
+
+    const reset = await send(a.adminUrl, {
+      method: 'DELETE',
+      path: '/admin/keys/support-client/usage',
+      headers: authHeader(),
+    });
+    expect(reset.status).toBe(204);
+    const afterReset = await send(b.adminUrl, { path: '/admin/keys/support-client/usage', headers: authHeader() });
+    expect(used(afterReset.json<Usage>())[0]).toEqual(['GET /orders/{id}', 0, 4, 0]);
+    expect((await call(b, key)).headers['x-ratelimit-remaining-hour']).toBe('3');
+
+    // Keys of the key file have ids too.
+    const fileKey = await send(b.adminUrl, { path: '/admin/keys/file-basic/usage', headers: authHeader() });
+    expect(fileKey.status).toBe(200);
+    for (const method of ['GET', 'DELETE']) {
+      const unknown = await send(a.adminUrl, { method, path: '/admin/keys/nobody/usage', headers: authHeader() });
+      expect(unknown.status).toBe(404);
+      expect(expectTwoFields(unknown)).toEqual({ error: 'Not Found', message: 'No key with id "nobody"' });
+    }
+  });
+
   it('reloads the key file on change, refusing a bad one and keeping the keys in force', async () => {
     const added = 'added-later-key-0123456789';
     writeFileSync(join(dir, 'api-keys.yaml'), keyFile(`  - id: added-later\n    sha256: ${sha(added)}\n`));
@@ -391,5 +422,118 @@ describe('a client guessing keys on one of two instances', () => {
     // Another address with the same key is served on both.
     for (const gw of [pair.a, pair.b])
       expect((await call(gw, key, quote, { 'X-Forwarded-For': '198.51.100.61' })).status).toBe(200);
+  });
+
+  it('is logged with its address, listed by GET /admin/blocks on both, and unblocked on both by one DELETE', async () => {
+    const address = '198.51.100.60';
+    expect(pair.a.logs.find((l) => l.msg === 'address blocked for sending invalid API keys')).toMatchObject({
+      level: 'warn',
+      address,
+      seconds: 60,
+    });
+    for (const gw of [pair.a, pair.b]) {
+      const listed = await send(gw.adminUrl, { path: '/admin/blocks', headers: authHeader() });
+      expect(listed.status).toBe(200);
+      const { blocks } = listed.json<{ blocks: Array<{ address: string; seconds: number }> }>();
+      expect(blocks).toHaveLength(1);
+      expect(blocks[0]?.address).toBe(address);
+      expect(blocks[0]?.seconds).toBeGreaterThan(0);
+      expect(blocks[0]?.seconds).toBeLessThanOrEqual(60);
+    }
+    const noToken = await send(pair.a.adminUrl, { path: '/admin/blocks' });
+    expect(noToken.status).toBe(401);
+
+    // One DELETE, on the instance that never saw the address guess.
+    const lifted = await send(pair.b.adminUrl, {
+      method: 'DELETE',
+      path: `/admin/blocks/${address}`,
+      headers: authHeader(),
+    });
+    expect(lifted.status).toBe(204);
+    const { key } = (await issue(pair.a, 'unblocked-client', 'market-maker')).json<{ key: string }>();
+    const quote = '/marketdata/quote/VNM';
+    const from = { 'X-Forwarded-For': address };
+    for (const gw of [pair.a, pair.b]) {
+      const deadline = Date.now() + 1500;
+      let reply = await call(gw, key, quote, from);
+      while (reply.status === 429 && Date.now() < deadline) {
+        await new Promise((resolve) => setTimeout(resolve, 25));
+        reply = await call(gw, key, quote, from);
+      }
+      expect(reply.status).toBe(200);
+      const listed = await send(gw.adminUrl, { path: '/admin/blocks', headers: authHeader() });
+      expect(listed.json()).toEqual({ blocks: [] });
+    }
+    expect(pair.b.logs.find((l) => l.msg === 'address unblocked')).toMatchObject({ address });
+    // Its earlier failures are forgotten: one more bad key is a 401, not an instant block.
+    expect((await call(pair.a, 'guess-again', '/orders/1', from)).status).toBe(401);
+
+    const again = await send(pair.a.adminUrl, {
+      method: 'DELETE',
+      path: '/admin/blocks/203.0.113.99',
+      headers: authHeader(),
+    });
+    expect(again.status).toBe(404);
+    expect(expectTwoFields(again)).toEqual({ error: 'Not Found', message: 'Address 203.0.113.99 is not blocked' });
+  });
+});
+
+describe('a gateway started while Redis is down (API_KEY_MODE=registered)', () => {
+  it('never answers 401 nor counts a guess for a key it cannot check, is not ready, and serves the key once Redis is back', async () => {
+    const redis = await startRedisServer({ persist: true });
+    const dir = mkdtempSync(join(tmpdir(), 'oapi-keys-down-'));
+    writeFileSync(join(dir, 'api-keys.yaml'), keyFile());
+    const env = {
+      API_KEY_MODE: 'registered',
+      API_KEYS_FILE: join(dir, 'api-keys.yaml'),
+      INVALID_KEY_MAX_ATTEMPTS: '2',
+      REDIS_TIMEOUT_MS: '200',
+    };
+    const first = await startTestGateway({ limits: LIMITS, redis: redis.url, env });
+    const { key } = (await issue(first, 'issued-before')).json<{ key: string }>();
+    await first.stop();
+    await redis.kill();
+    const gw = await startTestGateway({ limits: LIMITS, redis: redis.url, env, prefix: first.prefix });
+    try {
+      const ready = await send(gw.adminUrl, { path: '/readyz' });
+      expect(ready.status).toBe(503);
+      expect(ready.json()).toEqual({
+        status: 'unavailable',
+        reason: 'the issued API keys could not be read yet: Redis unreachable',
+      });
+      // Far more attempts than the guard allows: none is a guess.
+      for (const apiKey of [key, key, key, key, 'made-up-key', 'made-up-key']) {
+        const reply = await call(gw, apiKey);
+        expect(reply.status).toBe(503);
+        expect(reply.headers['retry-after']).toBe('2');
+        expect(expectTwoFields(reply)).toEqual({
+          error: 'Service Unavailable',
+          message: 'API keys cannot be checked right now',
+        });
+      }
+      // A key the instance knows (the key file) is served all along, counted in memory meanwhile.
+      const fileKeyReply = await call(gw, FILE_KEY);
+      expect(fileKeyReply.status, fileKeyReply.text).toBe(200);
+      const metrics = (await send(gw.adminUrl, { path: '/metrics' })).text;
+      expect(metrics).toMatch(/^oapi_gateway_invalid_keys_total\{outcome="rejected"\} 0$/m);
+      expect(metrics).toMatch(/^oapi_gateway_invalid_keys_total\{outcome="throttled"\} 0$/m);
+      expect(gw.logs.filter((l) => l.msg === 'request' && (l.status === 401 || l.status === 429))).toEqual([]);
+
+      await redis.restart();
+      const deadline = Date.now() + 10_000;
+      let served = await call(gw, key);
+      while (served.status !== 200 && Date.now() < deadline) {
+        await new Promise((r) => setTimeout(r, 100));
+        served = await call(gw, key);
+      }
+      expect(served.status).toBe(200);
+      expect((await send(gw.adminUrl, { path: '/readyz' })).status).toBe(200);
+      // Now that Redis answers, a key that was never issued is what it is.
+      expect((await call(gw, 'made-up-key')).status).toBe(401);
+    } finally {
+      await gw.stop();
+      await redis.stop();
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });

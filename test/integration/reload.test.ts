@@ -132,6 +132,22 @@ describe('a change of the file on disk', () => {
       ),
     ).toBe('13');
   });
+
+  it('says so when a refused file is put back to the table in force (regression: the last line stayed "refused")', async () => {
+    writeFileSync(gw.limitsPath, 'limits: [oops again');
+    await waitFor(
+      async () => gw.logs.filter((l) => l.msg === 'limit table refused; the table in force stays').length,
+      (n) => n >= 2,
+    );
+    writeFileSync(gw.limitsPath, table(13, 20));
+    const restored = await waitFor(
+      async () => gw.logs.find((l) => l.msg === 'limit table valid again; the table in force is unchanged'),
+      (line) => line !== undefined,
+    );
+    expect(restored).toMatchObject({ level: 'info', trigger: 'file' });
+    expect(gw.logs.at(-1)?.msg).not.toMatch(/refused/);
+    expect(await orderListLimit(gw, `restored-${Date.now()}`)).toBe('13');
+  });
 });
 
 describe('an invalid file next to a busy neighbour', () => {

@@ -33,8 +33,16 @@ describe('the shipped limits.yaml', () => {
     const result = await readLimitsFile('limits.yaml');
     if (!result.ok) throw new Error(result.errors.map(formatSourceError).join('\n'));
     expect(result.table.rows.map((r) => [r.name, r.route.text, r.limits.perHour, r.limits.perDay])).toEqual(SEED_TABLE);
-    expect(result.table.timezone).toBe('UTC');
+    expect(result.table.timezone).toBe('Asia/Ho_Chi_Minh');
     expect(result.table.rows.every((r) => !r.shadow)).toBe(true);
+  });
+
+  it("counts days from midnight in Vietnam, the broker's time zone (17:00 UTC)", async () => {
+    const result = await readLimitsFile('limits.yaml');
+    if (!result.ok) throw new Error(result.errors.map(formatSourceError).join('\n'));
+    const windows = result.table.calendar.at(new Date('2026-11-23T02:15:00Z').getTime());
+    expect(new Date(windows.dayStart).toISOString()).toBe('2026-11-22T17:00:00.000Z');
+    expect(new Date(windows.dayEnd).toISOString()).toBe('2026-11-23T17:00:00.000Z');
   });
 
   it('counts the two token operations of the specification on the POST /auth/token row', async () => {

@@ -42,7 +42,9 @@ export function forward(options: ForwardOptions): Handler<GatewayEnv> {
     const requestId = c.get('requestId');
     const upgrade = c.env.upgrade;
     // Added to the bridge's answer (the 101 of an upgrade included) and to a 502/504 the gateway writes.
-    const usageHeaders = c.get('usageHeaders') ?? NO_HEADERS;
+    const cors = c.get('corsHeaders');
+    const usage = c.get('usageHeaders') ?? NO_HEADERS;
+    const usageHeaders = cors ? [...usage, ...cors] : usage;
     const addedHeaders = consumerOf(c.get('client')?.keyId);
 
     if (upgrade) {
@@ -76,6 +78,7 @@ export function forward(options: ForwardOptions): Handler<GatewayEnv> {
       requestId,
       clientAddress: c.get('clientAddress'),
       usageHeaders,
+      ownsCors: cors !== undefined,
       droppedHeaders,
       addedHeaders,
     });

@@ -1,0 +1,69 @@
+import type { MiddlewareHandler } from 'hono';
+import { cors } from 'hono/cors';
+import type { HeaderList } from '../../lib/header-list.js';
+import type { GatewayEnv } from '../context.js';
+import { requestHeader } from '../request-header.js';
+
+/**
+ * CORS for browser clients (README "CORS"), on only when `CORS_ORIGINS` lists origins. A preflight
+ * (`OPTIONS` with `Origin` and `Access-Control-Request-Method`, Fetch standard §3.2.2) is answered
+ * here, before the API key is asked for: it is not counted, not forwarded and no guess for the
+ * invalid-key guard. A listed origin's preflight gets hono's `cors` answer; any other origin's gets a
+ * 204 without CORS fields, which the browser reads as a refusal. Every other answer to a listed
+ * origin carries `Access-Control-Allow-Origin` and exposes the usage headers, `Retry-After` and
+ * `X-Request-Id`; the gateway's answers and the bridges' alike (server/answers.ts, forward.ts).
+ */
+
+export interface CorsOptions {
+  readonly origins: readonly string[];
+  /** The API key's header: a browser must be allowed to send it. */
+  readonly apiKeyHeader: string;
+}
+
+/** What a browser script may read of an answer: the usage headers, `Retry-After`, `X-Request-Id`. */
+export const EXPOSED_HEADERS = [
+  'X-RateLimit-Limit-Hour',
+  'X-RateLimit-Remaining-Hour',
+  'X-RateLimit-Limit-Day',
+  'X-RateLimit-Remaining-Day',
+  'RateLimit-Policy',
+  'RateLimit',
+  'Retry-After',
+  'X-Request-Id',
+];
+
+/** How long a browser may keep a preflight's answer (seconds). */
+const PREFLIGHT_MAX_AGE = 600;
+
+export function corsHeaders(options: CorsOptions): MiddlewareHandler<GatewayEnv> {
+  const listed = new Set(options.origins);
+  const preflight = cors({
+    origin: (origin) => (listed.has(origin) ? origin : null),
+    allowMethods: ['GET', 'HEAD', 'PUT', 'POST', 'DELETE', 'PATCH'],
+    allowHeaders: [options.apiKeyHeader, 'Authorization', 'Content-Type', 'x-otp-token', 'X-Request-Id'],
+    exposeHeaders: EXPOSED_HEADERS,
+    maxAge: PREFLIGHT_MAX_AGE,
+  });
+  const exposed: [string, string] = ['Access-Control-Expose-Headers', EXPOSED_HEADERS.join(', ')];
+  // The answer depends on Origin whenever CORS is on: a cache must keep one per origin.
+  const varyOnly: HeaderList = [['Vary', 'Origin']];
+  const forOrigin = new Map<string, HeaderList>(
+    [...listed].map((origin) => [origin, [['Access-Control-Allow-Origin', origin], exposed, ['Vary', 'Origin']]]),
+  );
+
+  return function corsHeaders(c, next) {
+    const origin = requestHeader(c, 'origin');
+    const allowed = origin === undefined ? undefined : forOrigin.get(origin);
+    const isPreflight =
+      c.req.method === 'OPTIONS' &&
+      origin !== undefined &&
+      requestHeader(c, 'access-control-request-method') !== undefined;
+    if (isPreflight) {
+      c.header('X-Request-Id', c.get('requestId'));
+      if (allowed) return preflight(c, next);
+      return Promise.resolve(c.body(null, 204, { Vary: 'Origin' }));
+    }
+    c.set('corsHeaders', allowed ?? varyOnly);
+    return next();
+  };
+}

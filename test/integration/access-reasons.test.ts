@@ -1,0 +1,272 @@
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { startTestGateway, type TestGateway } from '../helpers/gateway.js';
+import { rawExchange, send, type Reply } from '../helpers/http.js';
+import { metricValue } from '../helpers/faults.js';
+import { refusingPort, startRedisServer, type RedisProcess } from '../helpers/redis.js';
+
+/**
+ * Every answer the gateway writes itself has an access line that says why (docs/operations.md
+ * "Logs"): its `reason`, the client `address`, and the key's id or hash prefix; and it counts in
+ * `oapi_gateway_own_answers_total` under the same reason. Each reason of the pinned list is
+ * produced here over real sockets and found in the log.
+ */
+
+const LIMITS = `
+timezone: UTC
+limits:
+  - { name: Order Status, route: "GET /orders/{id}", per_hour: 2, per_day: 100 }
+  - { name: Orders List, route: "GET /orders", per_hour: 1, per_day: 1 }
+  - { name: Order Create, route: "POST /orders", per_hour: 100, per_day: 100 }
+  - name: Authentication
+    route: POST /auth/token
+    also: [POST /oapi/auth/gen-secret-key/underlying]
+    per_hour: 100
+    per_day: 100
+  - { name: Market Data Stream, route: "WS /ws/marketdata", per_hour: 100, per_day: 100 }
+`;
+
+/** A credential route: the gateway reads its JSON body itself (README "Forwarding"). */
+const CREDENTIALS = '/oapi/auth/gen-secret-key/underlying';
+
+/** The access line of the answer that carried this request id. */
+function lineOf(gw: TestGateway, reply: Reply): Record<string, unknown> {
+  const id = reply.headers['x-request-id'];
+  expect(typeof id).toBe('string');
+  const line = gw.logs.find((l) => l.msg === 'request' && l.reqId === id);
+  expect(line, `access line of ${String(id)}`).toBeDefined();
+  return line as Record<string, unknown>;
+}
+
+/** Waits until the access line of an answer is written (it is written once the answer is complete). */
+async function settledLineOf(gw: TestGateway, reply: Reply): Promise<Record<string, unknown>> {
+  for (let i = 0; i < 40 && !gw.logs.some((l) => l.reqId === reply.headers['x-request-id']); i++) {
+    await new Promise((r) => setTimeout(r, 25));
+  }
+  return lineOf(gw, reply);
+}
+
+const key = (k: string) => ({ 'X-API-Key': k });
+
+describe('answers of the app', () => {
+  let gw: TestGateway;
+  let registered: TestGateway;
+  beforeAll(async () => {
+    gw = await startTestGateway({ limits: LIMITS, env: { MAX_BODY_BYTES: '64', INVALID_KEY_MAX_ATTEMPTS: '3' } });
+    registered = await startTestGateway({ limits: LIMITS, env: { API_KEY_MODE: 'registered' } });
+  });
+  afterAll(async () => {
+    await Promise.all([gw.stop(), registered.stop()]);
+  });
+
+  it.each([
+    ['no-route', 404, { path: '/nowhere', headers: key('r-no-route') }, 'unmatched'],
+    ['method', 405, { method: 'DELETE', path: '/orders/1', headers: key('r-method') }, 'GET /orders/{id}'],
+    ['not-websocket', 426, { path: '/ws/marketdata', headers: key('r-ws') }, 'WS /ws/marketdata'],
+    ['bad-path', 400, { path: '/orders/a%2Fb', headers: key('r-bad-path') }, 'unmatched'],
+    [
+      'body-size',
+      413,
+      {
+        method: 'POST',
+        path: '/orders',
+        headers: { ...key('r-body'), 'Content-Type': 'application/json' },
+        body: 'x'.repeat(65),
+      },
+      'POST /orders',
+    ],
+    [
+      'content-type',
+      415,
+      { method: 'POST', path: CREDENTIALS, headers: { ...key('r-ct'), 'Content-Type': 'text/plain' }, body: 'x' },
+      'POST /auth/token',
+    ],
+    [
+      'credentials',
+      400,
+      {
+        method: 'POST',
+        path: CREDENTIALS,
+        headers: { ...key('r-cred'), 'Content-Type': 'application/json' },
+        body: '{',
+      },
+      'POST /auth/token',
+    ],
+  ] as const)(
+    '%s: status %i, labelled with its row in the log and the metrics',
+    async (reason, status, request, endpoint) => {
+      const before = await metricValue(gw, 'oapi_gateway_own_answers_total', { endpoint, reason });
+      const reply = await send(gw.url, request);
+      expect(reply.status).toBe(status);
+      const line = await settledLineOf(gw, reply);
+      expect(line).toMatchObject({ reason, status, endpoint, address: '127.0.0.1' });
+      expect(line.key).toMatch(/^[0-9a-f]{8,}/);
+      expect(await metricValue(gw, 'oapi_gateway_own_answers_total', { endpoint, reason })).toBe(before + 1);
+    },
+  );
+
+  it('hour-spent and day-spent: which window refused', async () => {
+    for (let i = 0; i < 2; i++)
+      expect((await send(gw.url, { path: '/orders/1', headers: key('r-hour') })).status).toBe(200);
+    const hour = await send(gw.url, { path: '/orders/1', headers: key('r-hour') });
+    expect(hour.status).toBe(429);
+    expect(await settledLineOf(gw, hour)).toMatchObject({ reason: 'hour-spent', endpoint: 'GET /orders/{id}' });
+    // Both windows spent: the day is what keeps the key refused longest.
+    expect((await send(gw.url, { path: '/orders', headers: key('r-day') })).status).toBe(200);
+    const day = await send(gw.url, { path: '/orders', headers: key('r-day') });
+    expect(day.status).toBe(429);
+    expect(await settledLineOf(gw, day)).toMatchObject({ reason: 'day-spent', endpoint: 'GET /orders' });
+  });
+
+  it('missing-key, then guard once the address is blocked; unknown-key in registered mode', async () => {
+    const missing = await send(gw.url, { path: '/orders/1' });
+    expect(missing.status).toBe(401);
+    expect(await settledLineOf(gw, missing)).toMatchObject({ reason: 'missing-key', address: '127.0.0.1' });
+    let last = missing;
+    for (let i = 0; i < 3 && last.status !== 429; i++) last = await send(gw.url, { path: '/orders/1' });
+    expect(last.status).toBe(429);
+    expect(await settledLineOf(gw, last)).toMatchObject({ reason: 'guard', status: 429 });
+
+    const unknown = await send(registered.url, { path: '/orders/1', headers: key('never-issued') });
+    expect(unknown.status).toBe(401);
+    const line = await settledLineOf(registered, unknown);
+    expect(line).toMatchObject({ reason: 'unknown-key', address: '127.0.0.1' });
+    expect(line.keyId).toBeUndefined();
+  });
+
+  it('names the issued key by its id; a bridge answer has no reason', async () => {
+    const issued = await send(registered.adminUrl, {
+      method: 'POST',
+      path: '/admin/keys',
+      headers: { Authorization: 'Bearer test-admin-token-0123456789', 'Content-Type': 'application/json' },
+      body: JSON.stringify({ id: 'reasons-client' }),
+    });
+    const { key: apiKey } = issued.json<{ key: string }>();
+    const reply = await send(registered.url, { path: '/orders/1', headers: key(apiKey) });
+    expect(reply.status).toBe(200);
+    const line = await settledLineOf(registered, reply);
+    expect(line).toMatchObject({ keyId: 'reasons-client', status: 200, bridge: 'eqt' });
+    expect(line.reason).toBeUndefined();
+  });
+});
+
+describe('answers of the HTTP layer', () => {
+  let gw: TestGateway;
+  beforeAll(async () => {
+    gw = await startTestGateway({
+      limits: LIMITS,
+      env: { MAX_HEADER_BYTES: '2048', REQUEST_TIMEOUT_MS: '300', HEADERS_TIMEOUT_MS: '300', MAX_HEADER_COUNT: '20' },
+    });
+  });
+  afterAll(async () => {
+    await gw.stop();
+  });
+
+  /** The line of a raw exchange's answer, found by the request id it carried. */
+  async function lineOfRaw(answer: string): Promise<Record<string, unknown>> {
+    const id = /\r\nX-Request-Id: ([^\r]+)\r\n/i.exec(answer)?.[1];
+    expect(id, answer).toBeDefined();
+    for (let i = 0; i < 40 && !gw.logs.some((l) => l.reqId === id); i++) await new Promise((r) => setTimeout(r, 25));
+    const line = gw.logs.find((l) => l.msg === 'request' && l.reqId === id);
+    expect(line, `access line of ${String(id)}`).toBeDefined();
+    return line as Record<string, unknown>;
+  }
+
+  it.each([
+    [
+      'header-size',
+      431,
+      'too many header lines',
+      `GET /orders/1 HTTP/1.1\r\nHost: x\r\n${'X-A: b\r\n'.repeat(25)}\r\n`,
+    ],
+    [
+      'header-size',
+      431,
+      'headers over MAX_HEADER_BYTES',
+      `GET /orders/1 HTTP/1.1\r\nHost: x\r\nX-Big: ${'a'.repeat(4096)}\r\n\r\n`,
+    ],
+    ['bad-request', 400, 'no Host', 'GET /orders/1 HTTP/1.1\r\nX-API-Key: k\r\n\r\n'],
+    ['bad-request', 400, 'garbage', 'NOT HTTP AT ALL\r\n\r\n'],
+    [
+      'not-implemented',
+      501,
+      'a coding before chunked',
+      'POST /orders HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n',
+    ],
+    [
+      'expectation',
+      417,
+      'an Expect other than 100-continue',
+      'GET /orders/1 HTTP/1.1\r\nHost: x\r\nExpect: tea\r\n\r\n',
+    ],
+    [
+      'client-timeout',
+      408,
+      'a body that never comes',
+      'POST /orders HTTP/1.1\r\nHost: x\r\nX-API-Key: slow\r\nContent-Length: 10\r\n\r\nab',
+    ],
+  ] as const)('%s (%i): %s', async (reason, status, _what, bytes) => {
+    const before = await metricValue(gw, 'oapi_gateway_own_answers_total', { endpoint: 'unmatched', reason });
+    const answer = await rawExchange(gw.port, bytes, 3000);
+    expect(answer.startsWith(`HTTP/1.1 ${status} `), answer).toBe(true);
+    const line = await lineOfRaw(answer);
+    expect(line).toMatchObject({ reason, status, endpoint: 'unmatched', address: '127.0.0.1' });
+    expect(await metricValue(gw, 'oapi_gateway_own_answers_total', { endpoint: 'unmatched', reason })).toBeGreaterThan(
+      before,
+    );
+  });
+});
+
+describe('answers about the parts behind the gateway', () => {
+  let redis: RedisProcess;
+  let closed: TestGateway;
+  let unreachable: TestGateway;
+  let slow: TestGateway;
+  let silentBridge: http.Server;
+  beforeAll(async () => {
+    redis = await startRedisServer();
+    closed = await startTestGateway({
+      limits: LIMITS,
+      redis: redis.url,
+      env: { REDIS_FAILURE_MODE: 'closed', REDIS_TIMEOUT_MS: '200' },
+    });
+    unreachable = await startTestGateway({
+      limits: LIMITS,
+      env: { EQT_BRIDGE_URL: `http://127.0.0.1:${await refusingPort()}` },
+    });
+    silentBridge = http.createServer(() => {
+      // Takes the request and never answers.
+    });
+    await new Promise<void>((r) => silentBridge.listen(0, '127.0.0.1', r));
+    slow = await startTestGateway({
+      limits: LIMITS,
+      env: {
+        EQT_BRIDGE_URL: `http://127.0.0.1:${(silentBridge.address() as AddressInfo).port}`,
+        UPSTREAM_TIMEOUT_MS: '300',
+      },
+    });
+  });
+  afterAll(async () => {
+    await Promise.all([closed.stop(), unreachable.stop(), slow.stop()]);
+    silentBridge.closeAllConnections();
+    silentBridge.close();
+    await redis.stop();
+  });
+
+  it('redis-unavailable: Redis is down and REDIS_FAILURE_MODE=closed', async () => {
+    await redis.kill();
+    const reply = await send(closed.url, { path: '/orders/1', headers: key('r-redis') });
+    expect(reply.status).toBe(503);
+    expect(await settledLineOf(closed, reply)).toMatchObject({ reason: 'redis-unavailable', status: 503 });
+  });
+
+  it('bridge-unreachable (502) and bridge-timeout (504)', async () => {
+    const refused = await send(unreachable.url, { path: '/orders/1', headers: key('r-502') });
+    expect(refused.status).toBe(502);
+    expect(await settledLineOf(unreachable, refused)).toMatchObject({ reason: 'bridge-unreachable', bridge: 'eqt' });
+    const late = await send(slow.url, { path: '/orders/1', headers: key('r-504') });
+    expect(late.status).toBe(504);
+    expect(await settledLineOf(slow, late)).toMatchObject({ reason: 'bridge-timeout', bridge: 'eqt' });
+  });
+});
