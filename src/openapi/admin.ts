@@ -79,7 +79,7 @@ function statusPaths(): Record<string, Json> {
             'Readiness',
           ),
           '503': json(
-            '`unavailable`: while shutting down, when no valid limit table is loaded, or while Redis is away in `closed` mode.',
+            '`unavailable`: while shutting down, when no valid limit table is loaded, while Redis is away in `closed` mode, or in `registered` mode until the issued keys were read once.',
             'Readiness',
           ),
         },
@@ -176,7 +176,7 @@ function usagePaths(): Record<string, Json> {
         'A key’s usage on every row, in table order',
         bearer({
           '200': json('Usage of the key under its plan.', 'Usage'),
-          '404': errorAnswer('In `registered` mode, a key that was never issued.', 404, 'No issued key has this value'),
+          '404': errorAnswer('In `registered` mode, a key that was never issued.', 404, 'No issued key is this key'),
           '503': ref('responses', 'StoreUnavailable'),
         }),
       ),
@@ -185,7 +185,7 @@ function usagePaths(): Record<string, Json> {
         'Reset a key’s counters on every row, on every instance',
         bearer({
           '204': noContent('Reset.'),
-          '404': errorAnswer('In `registered` mode, a key that was never issued.', 404, 'No issued key has this value'),
+          '404': errorAnswer('In `registered` mode, a key that was never issued.', 404, 'No issued key is this key'),
           '503': ref('responses', 'StoreUnavailable'),
         }),
       ),
@@ -284,7 +284,7 @@ function blocksPaths(): Record<string, Json> {
         'Unblock an address on every instance',
         bearer({
           '204': noContent('Unblocked.'),
-          '404': errorAnswer('The address is not blocked.', 404, 'Address is not blocked'),
+          '404': errorAnswer('The address is not blocked.', 404, 'Address 198.51.100.7 is not blocked'),
         }),
       ),
     },

@@ -420,7 +420,7 @@ const RESPONSES: Record<string, Json> = {
   },
   BadGateway: gatewayAnswer('The bridge cannot be reached.', errorExample(502, 'Bridge unreachable')),
   ServiceUnavailable: gatewayAnswer(
-    'Rate limiting is unavailable (`REDIS_FAILURE_MODE=closed` while Redis is down).',
+    'Rate limiting is unavailable (`REDIS_FAILURE_MODE=closed` while Redis is down), or the API key cannot be checked right now (`API keys cannot be checked right now`, with `Retry-After`): try again.',
     errorExample(503, 'Rate limiting is unavailable'),
   ),
   GatewayTimeout: gatewayAnswer(

@@ -246,6 +246,8 @@ describe('registered keys, shared by two instances', () => {
 
   it('reloads the key file on change, refusing a bad one and keeping the keys in force', async () => {
     const added = 'added-later-key-0123456789';
+    const loadedLines = () => a.logs.filter((l) => l.msg === 'key file loaded').length;
+    const loadedBefore = loadedLines();
     writeFileSync(join(dir, 'api-keys.yaml'), keyFile(`  - id: added-later\n    sha256: ${sha(added)}\n`));
     let status = 401;
     const deadline = Date.now() + 5000;
@@ -254,6 +256,9 @@ describe('registered keys, shared by two instances', () => {
       if (status !== 200) await new Promise((r) => setTimeout(r, 50));
     }
     expect(status).toBe(200);
+    // The watcher may see one write twice: it is loaded and logged once (regression: "key file loaded" twice).
+    await new Promise((r) => setTimeout(r, 800));
+    expect(loadedLines()).toBe(loadedBefore + 1);
     writeFileSync(join(dir, 'api-keys.yaml'), 'keys:\n  - id: broken\n    sha256: not-a-hash\n');
     await new Promise((r) => setTimeout(r, 800));
     expect((await call(a, added)).status).toBe(200);
