@@ -57,7 +57,7 @@ describe('answers of the app', () => {
     registered = await startTestGateway({ limits: LIMITS, env: { API_KEY_MODE: 'registered' } });
   });
   afterAll(async () => {
-    await Promise.all([gw.stop(), registered.stop()]);
+    await Promise.all([gw?.stop(), registered?.stop()]);
   });
 
   it.each([
@@ -248,10 +248,11 @@ describe('answers about the parts behind the gateway', () => {
     });
   });
   afterAll(async () => {
-    await Promise.all([closed.stop(), unreachable.stop(), slow.stop()]);
-    silentBridge.closeAllConnections();
-    silentBridge.close();
-    await redis.stop();
+    // Also after a failed set-up: nothing of it may outlive the run.
+    await Promise.all([closed?.stop(), unreachable?.stop(), slow?.stop()]);
+    silentBridge?.closeAllConnections();
+    silentBridge?.close();
+    await redis?.stop();
   });
 
   it('redis-unavailable: Redis is down and REDIS_FAILURE_MODE=closed', async () => {
