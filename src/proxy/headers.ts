@@ -108,6 +108,16 @@ export interface ForwardHeaderValues {
   readonly upgrade?: string | undefined;
 }
 
+/**
+ * A name with underscores that reads as a field the gateway removes or writes itself once its
+ * underscores are dashes (`X_Consumer_Id`): servers that map headers to CGI-style variables
+ * (WSGI, Rack, PHP) would take it for that field. (nginx drops every such name by default.)
+ */
+function posesAsControlled(field: string, dropped: ReadonlySet<string> | undefined): boolean {
+  const dashed = field.replaceAll('_', '-');
+  return HOP_BY_HOP.has(dashed) || REWRITTEN.has(dashed) || dropped?.has(dashed) === true;
+}
+
 /** The headers the bridge receives, from the client's raw headers. */
 export function requestHeaderList(rawHeaders: readonly string[], values: ForwardHeaderValues): string[] {
   const out: string[] = [];
@@ -127,6 +137,7 @@ export function requestHeaderList(rawHeaders: readonly string[], values: Forward
     if (field === 'x-forwarded-for') forwardedFor = forwardedFor === undefined ? value : `${forwardedFor}, ${value}`;
     else if (field === 'host') clientHost ||= value;
     if (HOP_BY_HOP.has(field) || REWRITTEN.has(field) || values.dropped?.has(field)) continue;
+    if (field.includes('_') && posesAsControlled(field, values.dropped)) continue;
     if (named.length > 0 && named.includes(field) && !PROTECTED.has(field)) continue;
     out.push(name, value);
   }

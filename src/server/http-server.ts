@@ -1,6 +1,7 @@
 import http, { type IncomingMessage, type ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { getRequestListener } from '@hono/node-server';
+import { RESPONSE_ALREADY_SENT } from '@hono/node-server/utils/response';
 import type { Hono } from 'hono';
 import type { Settings } from '../config/settings.js';
 import { accessLogWriter, type Logger } from '../observability/logger.js';
@@ -8,6 +9,7 @@ import { UNMATCHED, type GatewayMetrics } from '../observability/metrics.js';
 import { errorBody, rawAnswer, writeAnswer, type Reason } from '../lib/answers.js';
 import type { GatewayEnv } from './context.js';
 import { requestIdSource } from './middleware/request-id.js';
+import { ConnectionOrder, type Exchange } from './connection-order.js';
 import { gateRefusal } from './request-gate.js';
 
 /**
@@ -36,11 +38,6 @@ export interface PublicServer {
 
 type ServerSettings = Pick<Settings, 'maxHeaderBytes' | 'maxHeaderCount' | 'headersTimeoutMs' | 'requestTimeoutMs'>;
 
-interface Exchange {
-  readonly req: IncomingMessage;
-  readonly res: ServerResponse;
-}
-
 /** An answer of this level, for its access line. */
 interface HttpRefusal {
   readonly status: number;
@@ -68,22 +65,43 @@ function refusalLog(logger: Logger, metrics: GatewayMetrics): RefusalLog {
   };
 }
 
+/** The answers written at this level, each with its request id, access line and metrics. */
+interface Refusals {
+  /** On an exchange's response, closing the connection after it. */
+  answer(exchange: Exchange, status: number, reason: Reason, message: string): void;
+  /** Straight onto a connection Node has handed over (an upgrade, CONNECT, a parser failure). */
+  linger(socket: Duplex, status: number, reason: Reason, message: string, method?: string): void;
+}
+
+function refusals(observe: { logger: Logger; metrics: GatewayMetrics }): Refusals {
+  const logRefusal = refusalLog(observe.logger, observe.metrics);
+  const nextId = requestIdSource();
+  return {
+    answer({ req, res }, status, reason, message) {
+      const requestId = nextId();
+      writeAnswer(res, status, message, [
+        ['Connection', 'close'],
+        ['X-Request-Id', requestId],
+      ]);
+      logRefusal({ status, reason, socket: req.socket, method: req.method, requestId });
+    },
+    linger(socket, status, reason, message, method) {
+      socket.on('error', () => socket.destroy());
+      const requestId = nextId();
+      answerAndLinger(socket, status, message, requestId);
+      logRefusal({ status, reason, socket, method, requestId });
+    },
+  };
+}
+
 export function createPublicServer(
   app: Hono<GatewayEnv>,
   settings: ServerSettings,
   observe: { logger: Logger; metrics: GatewayMetrics },
   onUpgrade: (req: IncomingMessage, socket: Duplex, head: Buffer) => void,
 ): PublicServer {
-  const logRefusal = refusalLog(observe.logger, observe.metrics);
-  const nextId = requestIdSource();
-  const listener = getRequestListener(app.fetch, {
-    // A request node-server cannot turn into a URL (bad Host header, absolute-form oddities).
-    errorHandler: () =>
-      new Response(errorBody(400, 'Malformed request'), {
-        status: 400,
-        headers: { 'Content-Type': 'application/json' },
-      }),
-  });
+  const refuse = refusals(observe);
+  const order = servingInOrder(app, settings.maxHeaderCount, refuse, observe.logger);
   const server = http.createServer(serverOptions(settings));
   // Every header line the parser reads is kept, so the framing it used is framing the gateway sees;
   // MAX_HEADER_COUNT bounds them instead (the gate).
@@ -92,57 +110,93 @@ export function createPublicServer(
   // once. (An undocumented switch of Node's http.Server, read by its end-of-input handler since Node 0.x;
   // the half-open tests in test/integration/hostile-smuggling.test.ts pin it.)
   (server as http.Server & { httpAllowHalfOpen: boolean }).httpAllowHalfOpen = true;
-  const answers = new OpenAnswers();
 
-  server.on('request', function gatedRequest(req: IncomingMessage, res: ServerResponse) {
-    answers.track(req, res);
-    const refusal = gateRefusal(req, settings.maxHeaderCount);
-    if (refusal) {
-      const requestId = nextId();
-      writeAnswer(res, refusal.status, refusal.message, [
-        ['Connection', 'close'],
-        ['X-Request-Id', requestId],
-      ]);
-      logRefusal({ status: refusal.status, reason: refusal.reason, socket: req.socket, method: req.method, requestId });
-      return;
-    }
-    void listener(req, res);
+  server.on('request', function takeRequest(req: IncomingMessage, res: ServerResponse) {
+    order.take(req, res);
+  });
+  // Node asks before answering 100 Continue itself: an unsupported Expect is refused in its turn (417).
+  server.on('checkExpectation', function takeExpectation(req: IncomingMessage, res: ServerResponse) {
+    order.take(req, res);
   });
 
   server.on('upgrade', function gatedUpgrade(req: IncomingMessage, socket: Duplex, head: Buffer) {
-    const refusal = gateRefusal(req, settings.maxHeaderCount, true);
-    if (!refusal) return onUpgrade(req, socket, head);
-    socket.on('error', () => socket.destroy());
-    const requestId = nextId();
-    answerAndLinger(socket, refusal.status, refusal.message, requestId);
-    logRefusal({ status: refusal.status, reason: refusal.reason, socket, method: 'WS', requestId });
-  });
-
-  server.on('checkExpectation', function unsupportedExpectation(req: IncomingMessage, res: ServerResponse) {
-    const requestId = nextId();
-    writeAnswer(res, 417, 'Only Expect: 100-continue is supported', [
-      ['Connection', 'close'],
-      ['X-Request-Id', requestId],
-    ]);
-    logRefusal({ status: 417, reason: 'expectation', socket: req.socket, method: req.method, requestId });
+    order.whenIdle(socket, function upgradeInTurn(open) {
+      if (!open) return void socket.destroy();
+      const refusal = gateRefusal(req, settings.maxHeaderCount, true);
+      if (!refusal) return onUpgrade(req, socket, head);
+      refuse.linger(socket, refusal.status, refusal.reason, refusal.message, 'WS');
+    });
   });
 
   server.on('connect', function refuseConnect(req: IncomingMessage, socket: Duplex) {
-    socket.on('error', () => socket.destroy());
-    const requestId = nextId();
-    answerAndLinger(socket, 501, 'CONNECT is not supported', requestId);
-    logRefusal({ status: 501, reason: 'not-implemented', socket, method: req.method, requestId });
+    order.whenIdle(socket, function connectInTurn(open) {
+      if (!open) return void socket.destroy();
+      refuse.linger(socket, 501, 'not-implemented', 'CONNECT is not supported', req.method);
+    });
   });
 
-  server.on(
-    'clientError',
-    clientErrorHandler(answers, observe.logger, (status, reason, socket, method) => {
-      const requestId = nextId();
-      logRefusal({ status, reason, socket, method, requestId });
-      return requestId;
-    }),
+  server.on('clientError', clientErrorHandler(order, observe.logger, refuse));
+  return { server, inFlight: () => order.inFlight };
+}
+
+/** Each request in its turn on its connection: the Expect check, the gate, then the app. */
+function servingInOrder(
+  app: Hono<GatewayEnv>,
+  maxHeaderCount: number,
+  refuse: Refusals,
+  logger: Logger,
+): ConnectionOrder {
+  /** The exchange node-server is turning into a Request right now (its errorHandler runs in that same call). */
+  let converting: Exchange | undefined;
+  const listener = getRequestListener(fetchKeepingWrittenHead(app), {
+    errorHandler: function malformedRequest() {
+      // A request node-server cannot turn into a URL (bad Host header, absolute-form oddities).
+      if (converting) return refuse.answer(converting, 400, 'bad-request', 'Malformed request');
+      // Not reached: the app answers its own errors (onError).
+      return new Response(errorBody(500, 'Internal error'), {
+        status: 500,
+        headers: { 'Content-Type': 'application/json' },
+      });
+    },
+  });
+  return new ConnectionOrder(
+    function serveInTurn(exchange) {
+      const expectation = exchange.req.headers.expect;
+      if (expectation !== undefined && !/^100-continue$/i.test(expectation)) {
+        refuse.answer(exchange, 417, 'expectation', 'Only Expect: 100-continue is supported');
+        return;
+      }
+      const refusal = gateRefusal(exchange.req, maxHeaderCount);
+      if (refusal) {
+        refuse.answer(exchange, refusal.status, refusal.reason, refusal.message);
+        return;
+      }
+      converting = exchange;
+      try {
+        void listener(exchange.req, exchange.res);
+      } finally {
+        converting = undefined;
+      }
+    },
+    function neverServed({ req }) {
+      logger.debug({ method: req.method }, 'pipelined request behind an answer that closed its connection: not served');
+    },
   );
-  return { server, inFlight: () => answers.inFlight };
+}
+
+/**
+ * hono answers HEAD by running the GET chain and copying its answer into a new Response, which
+ * loses node-server's mark of an answer the chain has already written itself (every answer of the
+ * gateway's own, server/answers.ts): node-server would then write the head a second time.
+ */
+function fetchKeepingWrittenHead(app: Hono<GatewayEnv>): Hono<GatewayEnv>['fetch'] {
+  return function fetch(request, env, executionCtx) {
+    if (request.method !== 'HEAD') return app.fetch(request, env, executionCtx);
+    const outgoing = env && 'outgoing' in env ? env.outgoing : undefined;
+    return Promise.resolve(app.fetch(request, env, executionCtx)).then((response) =>
+      outgoing?.headersSent ? RESPONSE_ALREADY_SENT : response,
+    );
+  };
 }
 
 function serverOptions(settings: ServerSettings): http.ServerOptions {
@@ -161,46 +215,15 @@ function serverOptions(settings: ServerSettings): http.ServerOptions {
   };
 }
 
-/** The answers of each connection that are not complete yet, in the order their requests came. */
-class OpenAnswers {
-  readonly #open = new WeakMap<Duplex, Set<ServerResponse>>();
-  inFlight = 0;
-
-  track(req: IncomingMessage, res: ServerResponse): void {
-    this.inFlight++;
-    let answers = this.#open.get(req.socket);
-    if (!answers) this.#open.set(req.socket, (answers = new Set()));
-    answers.add(res);
-    res.once('close', this.#closed);
-  }
-
-  pending(socket: Duplex): Exchange[] {
-    return [...(this.#open.get(socket) ?? [])].map((res) => ({ req: res.req, res }));
-  }
-
-  /** One listener for every answer: Node calls it with the answer as `this`. */
-  readonly #closed: (this: ServerResponse) => void;
-
-  constructor() {
-    const open = this.#open;
-    const count = (by: number): void => {
-      this.inFlight += by;
-    };
-    this.#closed = function answerClosed(this: ServerResponse) {
-      count(-1);
-      open.get(this.req.socket)?.delete(this);
-    };
-  }
-}
-
 /**
- * Node's parser failed on a connection. The request whose own bytes broke off is refused at once;
- * a failure in a request that follows complete ones still being answered waits for their answers.
+ * Node's parser failed on a connection. The request whose own bytes broke off is refused at once
+ * when it is the one being served; otherwise the refusal waits for the answers before it, and a
+ * broken request still waiting its turn is never served.
  */
 function clientErrorHandler(
-  answers: OpenAnswers,
+  order: ConnectionOrder,
   logger: Logger,
-  answered: (status: number, reason: Reason, socket: Duplex, method: string | undefined) => string,
+  refusals: Refusals,
 ): (err: NodeJS.ErrnoException, socket: Duplex) => void {
   /** Connections whose parser failed: the first failure is the one answered. */
   const failed = new WeakSet<Duplex>();
@@ -213,27 +236,24 @@ function clientErrorHandler(
     }
     const [status, reason, message] = clientErrorAnswer(err.code);
     logger.debug({ code: err.code, status }, 'client error');
-    const refuse = (method?: string): void =>
-      answerAndLinger(socket, status, message, answered(status, reason, socket, method));
-    const pending = answers.pending(socket);
+    const refuse = (method?: string): void => refusals.linger(socket, status, reason, message, method);
+    const pending = order.pending(socket);
     // A request whose own bytes broke off (or stopped coming) can never be answered by a bridge.
     const broken = pending.find((e) => !e.req.complete);
-    if (broken) {
-      if (!broken.res.headersSent) refuse(broken.req.method);
+    if (broken && broken === pending[0]) {
+      // Not served yet (the failure came in the same read as its head): it never will be.
+      if (order.withhold(broken)) refuse(broken.req.method);
+      else if (!broken.res.headersSent) refuse(broken.req.method);
       // The gate's refusal of this very request is on its way and closes the connection.
       else if (!broken.res.writableEnded) socket.destroy();
       return;
     }
-    const last = pending.at(-1);
-    if (!last) {
-      refuse();
-      return;
-    }
-    // The failure is in a request that follows complete ones still being answered: they get their
-    // answers first, then this refusal (unless the last of them closes the connection anyway: a
-    // client that half-closed, or a refusal that said Connection: close).
-    last.res.prependOnceListener('finish', () => {
-      if (last.res.shouldKeepAlive && socket.writable) refuse();
+    if (broken) order.dropFrom(socket, broken);
+    // The failure is in a request that follows others still being answered: they get their answers
+    // first, then this refusal (unless the last of them closes the connection anyway: a client that
+    // half-closed, or a refusal that said Connection: close).
+    order.whenIdle(socket, function refuseInTurn(open) {
+      if (open) refuse(broken?.req.method);
     });
   };
 }

@@ -12,8 +12,9 @@ import type { IncomingMessage } from 'node:http';
  * - a `Transfer-Encoding` that does not end in `chunked`: 400, as RFC 9112 §6.3 requires; a
  *   coding before `chunked` (`gzip, chunked`): 501 (RFC 9112 §6.1), since the gateway forwards
  *   bodies byte for byte and cannot pass such a coding on.
- * - a WebSocket upgrade that announces a body: 400 (an upgrade's bytes after its head belong to
- *   the new protocol, RFC 9110 §7.8).
+ * - an upgrade to anything but a WebSocket by `GET`, or one that announces a body: 400 (an
+ *   upgrade's bytes after its head belong to the new protocol, RFC 9110 §7.8), or whose Host and
+ *   target do not form a URL: 400.
  */
 
 export interface GateRefusal {
@@ -43,9 +44,17 @@ export function gateRefusal(req: IncomingMessage, maxHeaderCount: number, upgrad
     if (codings.length > 1)
       return { status: 501, reason: 'not-implemented', message: 'Only the chunked transfer coding is supported' };
   }
-  if (upgrade && (transferEncoding !== undefined || (req.headers['content-length'] ?? '0') !== '0')) {
+  return upgrade ? upgradeRefusal(req) : undefined;
+}
+
+function upgradeRefusal(req: IncomingMessage): GateRefusal | undefined {
+  if ((req.headers.upgrade ?? '').toLowerCase() !== 'websocket' || req.method !== 'GET')
+    return { status: 400, reason: 'bad-request', message: 'Only WebSocket upgrades are accepted' };
+  if (req.headers['transfer-encoding'] !== undefined || (req.headers['content-length'] ?? '0') !== '0')
     return { status: 400, reason: 'bad-request', message: 'An upgrade request carries no body' };
-  }
+  // The chain reads an upgrade's target as a URL of its Host (server/upgrade.ts).
+  if (!URL.canParse(`http://${req.headers.host ?? 'gateway'}${req.url ?? '/'}`))
+    return { status: 400, reason: 'bad-request', message: 'Malformed request' };
   return undefined;
 }
 

@@ -21,7 +21,7 @@ export function upgradeListener(
 ): (req: IncomingMessage, socket: Duplex, head: Buffer) => void {
   return function onUpgrade(req, socket, head) {
     socket.on('error', () => socket.destroy());
-    void handle(req, socket, head);
+    handle(req, socket, head).catch(() => socket.destroy());
   };
 
   async function handle(req: IncomingMessage, socket: Duplex, head: Buffer): Promise<void> {
@@ -29,18 +29,9 @@ export function upgradeListener(
       socket.end(rawAnswer(503, 'Shutting down'));
       return;
     }
-    if ((req.headers.upgrade ?? '').toLowerCase() !== 'websocket' || req.method !== 'GET') {
-      socket.end(rawAnswer(400, 'Only WebSocket upgrades are accepted'));
-      return;
-    }
-    // The chain reads headers from the Node request itself; the Request carries only the URL.
-    let request: Request;
-    try {
-      request = new Request(`http://${req.headers.host ?? 'gateway'}${req.url ?? '/'}`);
-    } catch {
-      socket.end(rawAnswer(400, 'Malformed request'));
-      return;
-    }
+    // The chain reads headers from the Node request itself; the Request carries only the URL. (The
+    // request gate has refused an upgrade to anything but a WebSocket, and a target that is no URL.)
+    const request = new Request(`http://${req.headers.host ?? 'gateway'}${req.url ?? '/'}`);
     const response = await app.fetch(request, {
       incoming: req,
       outgoing: undefined as never,

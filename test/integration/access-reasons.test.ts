@@ -188,6 +188,15 @@ describe('answers of the HTTP layer', () => {
     ],
     ['bad-request', 400, 'no Host', 'GET /orders/1 HTTP/1.1\r\nX-API-Key: k\r\n\r\n'],
     ['bad-request', 400, 'garbage', 'NOT HTTP AT ALL\r\n\r\n'],
+    // Regressions: node-server's answer to a Host it cannot make a URL of, and the upgrade handler's
+    // own answers, had no request id, access line or metric.
+    ['bad-request', 400, 'a Host that is no host name', 'GET /orders/1 HTTP/1.1\r\nHost: a b\r\n\r\n'],
+    [
+      'bad-request',
+      400,
+      'an upgrade to h2c',
+      'GET /orders/1 HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n',
+    ],
     [
       'not-implemented',
       501,

@@ -84,6 +84,38 @@ describe.each([
     expect(JSON.stringify(headers)).not.toContain(ISSUED_KEY);
   });
 
+  it('drops a consumer or key header spelt with underscores (regression: X_Consumer_Id reached the bridge, which a CGI-style server reads as X-Consumer-Id)', async () => {
+    const underscored = (name: string): string => name.replaceAll('-', '_');
+    const reply = await send(gw.url, {
+      path: '/orders/underscores',
+      headers: {
+        [apiKeyHeader]: ISSUED_KEY,
+        [underscored(consumerHeader)]: 'victim',
+        [underscored(apiKeyHeader)]: 'another-key',
+        X_Forwarded_For: '203.0.113.9',
+        X_Kept_Field: 'yes',
+      },
+    });
+    const headers = await lastBridgeRequest(gw, reply);
+    expect(headers[underscored(consumerHeader).toLowerCase()]).toBeUndefined();
+    expect(headers[underscored(apiKeyHeader).toLowerCase()]).toBeUndefined();
+    expect(headers.x_forwarded_for).toBeUndefined();
+    expect(headers[consumerHeader.toLowerCase()]).toBe('acme-desk');
+    // Other names with underscores are the client's own business.
+    expect(headers.x_kept_field).toBe('yes');
+    expect(JSON.stringify(headers)).not.toContain('victim');
+
+    const before = upgrades.length;
+    const ws = await openSocket(gw, '/ws/orders', {
+      [apiKeyHeader]: ISSUED_KEY,
+      [underscored(consumerHeader)]: 'victim',
+    });
+    for (let i = 0; i < 40 && upgrades.length < before + 1; i++) await new Promise((r) => setTimeout(r, 25));
+    expect(JSON.stringify(upgrades.at(-1))).not.toContain('victim');
+    expect(upgrades.at(-1)?.[consumerHeader.toLowerCase()]).toBe('acme-desk');
+    ws.close();
+  });
+
   it('sends no consumer for a key that is not issued (API_KEY_MODE=any), also not the one the client wrote', async () => {
     const reply = await send(gw.url, {
       path: '/orders/2',

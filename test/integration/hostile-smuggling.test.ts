@@ -1,5 +1,5 @@
 import net from 'node:net';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, vi } from 'vitest';
 import { startTestGateway, type TestGateway } from '../helpers/gateway.js';
 import { expectTwoFields, send } from '../helpers/http.js';
 import { rawConnect, sleep, usageOf, waitFor } from '../helpers/faults.js';
@@ -234,6 +234,166 @@ describe('pipelined requests', () => {
       halfOpen: true,
     });
     expect(statuses(raw)).toEqual([200]);
+  });
+});
+
+describe('requests pipelined around a refusal (regressions from the review of 2026-11-23)', () => {
+  const order = (key: string, marker: string, extra = ''): string =>
+    `POST /orders?${marker} HTTP/1.1\r\nHost: x\r\nX-API-Key: ${key}\r\n${extra}Content-Length: 2\r\n\r\n{}`;
+  const closingRefusals: Array<[string, (key: string) => string, number, number]> = [
+    // [name, the refused request, its status, units the refused request itself uses]
+    ['a request without Host', (key) => `GET /orders/1 HTTP/1.1\r\nX-API-Key: ${key}\r\n\r\n`, 400, 0],
+    [
+      'an Expect other than 100-continue',
+      (key) => `GET /orders/1 HTTP/1.1\r\nHost: x\r\nX-API-Key: ${key}\r\nExpect: teapot\r\n\r\n`,
+      417,
+      0,
+    ],
+    [
+      'more than MAX_HEADER_COUNT header lines',
+      (key) => `GET /orders/1 HTTP/1.1\r\nHost: x\r\nX-API-Key: ${key}\r\n${filler(120)}\r\n`,
+      431,
+      0,
+    ],
+    // Over MAX_BODY_BYTES by its Content-Length: counted, then refused (README "Headers and answers").
+    [
+      'a body announced over MAX_BODY_BYTES',
+      (key) => `POST /orders HTTP/1.1\r\nHost: x\r\nX-API-Key: ${key}\r\nContent-Length: 99999999\r\n\r\n`,
+      413,
+      2,
+    ],
+  ];
+  for (const [name, refused, status, units] of closingRefusals) {
+    it(`a request behind ${name} (${status}, Connection: close) is never counted or forwarded`, async () => {
+      const key = newKey();
+      const first = `FIRST-${n}`;
+      const third = `THIRD-${n}`;
+      const raw = await exchange(order(key, first) + refused(key) + order(key, third));
+      expect(statuses(raw)).toEqual([200, status]);
+      expect(JSON.parse(bodies(raw)[0] ?? '')).toMatchObject({ query: `?${first}` });
+      await sleep(100);
+      expect(reachedBridges(first)).toHaveLength(1);
+      expect(reachedBridges(third)).toEqual([]);
+      // The first order's hour and day units, and the refused request's own when it is counted.
+      expect(await unitsUsed(key)).toBe(2 + units);
+    });
+  }
+
+  const refusedAtOnce: Array<[string, (key: string, marker: string) => string, number]> = [
+    [
+      'a WebSocket upgrade that announces a body',
+      (key, m) =>
+        `GET /ws/marketdata?${m} HTTP/1.1\r\nHost: x\r\nX-API-Key: ${key}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n` +
+        `Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nContent-Length: 3\r\n\r\nabc`,
+      400,
+    ],
+    [
+      'an upgrade to h2c',
+      (key, m) =>
+        `GET /symbols?${m} HTTP/1.1\r\nHost: x\r\nX-API-Key: ${key}\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n`,
+      400,
+    ],
+    ['CONNECT', () => `CONNECT 127.0.0.1:22 HTTP/1.1\r\nHost: 127.0.0.1:22\r\n\r\n`, 501],
+    [
+      'a chunked body with a malformed chunk size',
+      (key, m) =>
+        `POST /orders?${m} HTTP/1.1\r\nHost: x\r\nX-API-Key: ${key}\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n`,
+      400,
+    ],
+    [
+      'Transfer-Encoding: chunked and a tab',
+      (key, m) =>
+        `POST /orders?${m} HTTP/1.1\r\nHost: x\r\nX-API-Key: ${key}\r\nTransfer-Encoding: chunked\t\r\n\r\n2\r\n{}\r\n0\r\n\r\n`,
+      400,
+    ],
+  ];
+  for (const [name, follower, status] of refusedAtOnce) {
+    it(`a valid request keeps its answer when ${name} follows it (${status} after the 200), and the follower uses nothing`, async () => {
+      const key = newKey();
+      const first = `FIRST-${n}`;
+      const second = `SECOND-${n}`;
+      const raw = await exchange(order(key, first) + follower(key, second));
+      expect(statuses(raw)).toEqual([200, status]);
+      expect(JSON.parse(bodies(raw)[0] ?? '')).toMatchObject({ query: `?${first}` });
+      expectTwoFieldBody(bodies(raw)[1]);
+      await sleep(100);
+      expect(reachedBridges(first)).toHaveLength(1);
+      expect(reachedBridges(second)).toEqual([]);
+      expect(await unitsUsed(key)).toBe(2);
+    });
+  }
+
+  it('a valid WebSocket upgrade pipelined behind an order opens only after the order’s answer', async () => {
+    const key = newKey();
+    const socket = await rawConnect(gw.port);
+    const chunks: Buffer[] = [];
+    socket.on('data', (c: Buffer) => chunks.push(c));
+    socket.write(
+      order(key, `BEFORE-UPGRADE-${n}`) +
+        `GET /ws/marketdata HTTP/1.1\r\nHost: x\r\nX-API-Key: ${key}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n` +
+        `Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n`,
+    );
+    await waitFor('the 101', () => Buffer.concat(chunks).toString('latin1').includes('HTTP/1.1 101 '), 3000);
+    socket.destroy();
+    expect(statuses(Buffer.concat(chunks).toString('latin1'))).toEqual([200, 101]);
+  });
+});
+
+describe('framing the parser refuses after the head, on the first request of a connection', () => {
+  const framings: Array<[string, string]> = [
+    ['Transfer-Encoding: chunked and a tab', 'Transfer-Encoding: chunked\t\r\n\r\n2\r\n{}\r\n0\r\n\r\n'],
+    ['a malformed first chunk size', 'Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n'],
+  ];
+  for (const [name, rest] of framings) {
+    it(`(${name}) gets a two-field 400, uses no unit and reaches no bridge`, async () => {
+      const key = newKey();
+      const marker = `FRAMING-${n}`;
+      const raw = await exchange(`GET /orders/${marker} HTTP/1.1\r\nHost: x\r\nX-API-Key: ${key}\r\n${rest}`);
+      expect(statuses(raw)).toEqual([400]);
+      expectTwoFieldBody(bodies(raw)[0]);
+      await sleep(100);
+      expect(await unitsUsed(key)).toBe(0);
+      expect(reachedBridges(marker)).toEqual([]);
+    });
+  }
+});
+
+describe('answers written before the app (regressions from the review of 2026-11-23; their access lines: access-reasons.test.ts)', () => {
+  const heads: Array<[string, string, string]> = [
+    ['a Host that is no host name', 'GET /symbols HTTP/1.1\r\nHost: a b\r\n', 'Malformed request'],
+    [
+      'an upgrade to h2c',
+      'GET /symbols HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n',
+      'Only WebSocket upgrades are accepted',
+    ],
+    [
+      'an upgrade by POST',
+      'POST /ws/marketdata HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n',
+      'Only WebSocket upgrades are accepted',
+    ],
+  ];
+  for (const [name, head, message] of heads) {
+    it(`${name} gets a two-field 400 with its X-Request-Id`, async () => {
+      const raw = await exchange(`${head}X-API-Key: ${newKey()}\r\n\r\n`);
+      expect(statuses(raw)).toEqual([400]);
+      expect(expectTwoFieldBody(bodies(raw)[0]).message).toBe(message);
+      expect(raw).toMatch(/\r\nX-Request-Id: [0-9a-f-]{36}\r\n/i);
+    });
+  }
+
+  it('HEAD gets its answer without node-server writing the head twice, and the connection stays usable (regression: a stack trace per HEAD)', async () => {
+    const errors = vi.spyOn(console, 'error').mockImplementation(() => undefined);
+    try {
+      const key = newKey();
+      const raw = await exchange(
+        `HEAD /orders/1 HTTP/1.1\r\nHost: x\r\nX-API-Key: ${key}\r\n\r\n` +
+          `GET /symbols?after-head HTTP/1.1\r\nHost: x\r\nX-API-Key: ${key}\r\nConnection: close\r\n\r\n`,
+      );
+      expect(statuses(raw)).toEqual([405, 200]);
+      expect(errors).not.toHaveBeenCalled();
+    } finally {
+      errors.mockRestore();
+    }
   });
 });
 

@@ -1,0 +1,144 @@
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { Duplex } from 'node:stream';
+
+/**
+ * Pipelined requests are served one at a time per connection, as nginx does: a request that
+ * arrives while an earlier answer on its connection is not yet written waits for that answer.
+ * When the earlier answer closes the connection (a refusal that says `Connection: close`, a
+ * client gone), the requests behind it are never served, counted or forwarded: their answers
+ * could not be delivered, and a client retries requests left unanswered on a closed connection
+ * (RFC 9112 §9.3.2). Whatever Node itself answers on a connection (a parser error, an upgrade,
+ * CONNECT) waits for the answers before it the same way (docs/operations.md "Hostile clients").
+ *
+ * A request whose turn has come is served a microtask later, once Node's parser is done with the
+ * bytes that came with it: framing the parser refuses only after handing the request over (a
+ * `Transfer-Encoding` it rejects after the head, a malformed first chunk) is then seen before
+ * the request is counted, and the request is never served (README: a refused request uses no unit).
+ */
+
+export interface Exchange {
+  readonly req: IncomingMessage;
+  readonly res: ServerResponse;
+}
+
+interface Line {
+  active: Exchange | undefined;
+  readonly waiting: Exchange[];
+  /** Called once nothing is open on the connection: `open` is false when it is closing. */
+  readonly idle: Array<(open: boolean) => void>;
+}
+
+/** Whether Node closes the connection after this answer (`Connection: close`, a client that half-closed, HTTP/1.0). */
+function closesConnection(res: ServerResponse): boolean {
+  return (res as { _last?: boolean })._last === true;
+}
+
+export class ConnectionOrder {
+  readonly #lines = new WeakMap<Duplex, Line>();
+  readonly #serve: (exchange: Exchange) => void;
+  readonly #dropped: (exchange: Exchange) => void;
+  /** Exchanges whose turn came but which must not be served (see `withhold`). */
+  readonly #withheld = new WeakSet<Exchange>();
+  readonly #served = new WeakSet<Exchange>();
+  /** Requests taken in whose answer is not complete yet (those waiting their turn included). */
+  inFlight = 0;
+
+  /**
+   * `serve` handles an exchange whose turn has come; `dropped` is told of one that never will
+   * (its connection closed before its turn).
+   */
+  constructor(serve: (exchange: Exchange) => void, dropped: (exchange: Exchange) => void) {
+    this.#serve = serve;
+    this.#dropped = dropped;
+  }
+
+  /** Serves the exchange now when its connection has nothing else open, else when its turn comes. */
+  take(req: IncomingMessage, res: ServerResponse): void {
+    this.inFlight++;
+    const line = this.#line(req.socket);
+    const exchange = { req, res };
+    if (line.active) line.waiting.push(exchange);
+    else this.#start(line, exchange);
+  }
+
+  /** The exchanges of a connection not answered yet: the one being served first, then those waiting. */
+  pending(socket: Duplex): Exchange[] {
+    const line = this.#lines.get(socket);
+    if (!line?.active) return [];
+    return [line.active, ...line.waiting];
+  }
+
+  /** Runs `then` once every answer open on the connection is written (`open`: the connection stays usable). */
+  whenIdle(socket: Duplex, then: (open: boolean) => void): void {
+    const line = this.#lines.get(socket);
+    if (line?.active) line.idle.push(then);
+    else then(!socket.destroyed && socket.writable);
+  }
+
+  /**
+   * Stops the exchange being served when serving has not begun (its turn came in the same read of
+   * the connection): true when it never will be, false when it already is being served.
+   */
+  withhold(exchange: Exchange): boolean {
+    if (this.#served.has(exchange)) return false;
+    this.#withheld.add(exchange);
+    return true;
+  }
+
+  /** Gives up a waiting exchange and every one behind it: the connection will not reach them. */
+  dropFrom(socket: Duplex, first: Exchange): void {
+    const line = this.#lines.get(socket);
+    const at = line ? line.waiting.indexOf(first) : -1;
+    if (!line || at === -1) return;
+    for (const exchange of line.waiting.splice(at)) this.#drop(exchange);
+  }
+
+  #line(socket: Duplex): Line {
+    let line = this.#lines.get(socket);
+    if (!line) this.#lines.set(socket, (line = { active: undefined, waiting: [], idle: [] }));
+    return line;
+  }
+
+  #start(line: Line, exchange: Exchange): void {
+    line.active = exchange;
+    const { res } = exchange;
+    let turnOver = false;
+    const next = (written: boolean): void => {
+      if (turnOver) return;
+      turnOver = true;
+      this.#next(line, exchange, written);
+    };
+    // Before Node's own 'finish' listener, which closes a connection whose answer says so.
+    res.prependOnceListener('finish', () => next(true));
+    res.once('close', () => {
+      this.inFlight--;
+      next(false);
+    });
+    queueMicrotask(() => {
+      if (this.#withheld.has(exchange) || res.destroyed) return;
+      this.#served.add(exchange);
+      this.#serve(exchange);
+    });
+  }
+
+  /** The turn of `done` is over: `written` when its answer was written whole, not cut off. */
+  #next(line: Line, done: Exchange, written: boolean): void {
+    line.active = undefined;
+    const socket = done.req.socket;
+    const writable = written && !socket.destroyed && socket.writable;
+    const following = writable && !closesConnection(done.res) ? line.waiting.shift() : undefined;
+    if (following) {
+      this.#start(line, following);
+      return;
+    }
+    for (const exchange of line.waiting.splice(0)) this.#drop(exchange);
+    // A client that half-closed still reads what comes before the gateway closes its side.
+    const open = writable && (!closesConnection(done.res) || socket.readableEnded);
+    for (const then of line.idle.splice(0)) then(open);
+  }
+
+  #drop(exchange: Exchange): void {
+    this.inFlight--;
+    this.#dropped(exchange);
+  }
+}
