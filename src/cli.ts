@@ -109,7 +109,11 @@ async function keys(args: string[]): Promise<number> {
     process.stderr.write(USAGE + '\n');
     return 2;
   }
-  const key = args[1] === '-' ? await firstLine(process.stdin) : args[1];
+  const key = args[1] === '-' ? await onlyLine(process.stdin) : args[1];
+  if (key instanceof Error) {
+    process.stderr.write(`keys hash -: ${key.message}\n`);
+    return 1;
+  }
   if (!key) {
     process.stderr.write('keys hash -: no key on standard input\n');
     return 1;
@@ -118,14 +122,22 @@ async function keys(args: string[]): Promise<number> {
   return 0;
 }
 
-/** The first line of a stream, without its line ending. */
-async function firstLine(input: NodeJS.ReadableStream): Promise<string> {
+/** Longer than any API key the gateway accepts (256 characters), with room for a line ending. */
+const MAX_KEY_INPUT = 4096;
+
+/**
+ * The one line of a stream, without its line ending; an error when it holds more than one (a
+ * pasted file, two keys) or more than any key, rather than hashing a part of it.
+ */
+async function onlyLine(input: NodeJS.ReadableStream): Promise<string | Error> {
   let text = '';
   for await (const chunk of input) {
     text += String(chunk);
-    if (text.includes('\n')) break;
+    if (text.length > MAX_KEY_INPUT) return new Error('standard input is longer than a key');
   }
-  return (text.split('\n')[0] ?? '').replace(/\r$/, '');
+  const line = text.replace(/\r?\n$/, '');
+  if (/[\r\n]/.test(line)) return new Error('standard input holds more than one line; give it one key');
+  return line;
 }
 
 async function openapi(args: string[]): Promise<number> {

@@ -170,13 +170,21 @@ describe('npx oapi-gateway', () => {
     ['a line with its newline', 'foo\n'],
     ['a line without one', 'foo'],
     ['a line ending in CRLF', 'foo\r\n'],
-    ['a first line and more after it', 'foo\nbar\n'],
   ])('keys hash - reads the key from standard input: %s, and prints only the line', async (_what, input) => {
     const result = await runCliWithInput(['keys', 'hash', '-'], input);
     expect(result).toEqual({
       code: 0,
       stdout: '    sha256: 2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae\n',
       stderr: '',
+    });
+  });
+
+  it('keys hash - refuses more than one line rather than hashing the first (regression: it hashed "a" of "a\\nb\\n")', async () => {
+    const result = await runCliWithInput(['keys', 'hash', '-'], 'foo\nbar\n');
+    expect(result).toEqual({
+      code: 1,
+      stdout: '',
+      stderr: 'keys hash -: standard input holds more than one line; give it one key\n',
     });
   });
 
