@@ -4,7 +4,7 @@ import { gateRefusal } from '../../src/server/request-gate.js';
 
 /** The request gate on request heads built by hand (no socket): what it refuses, and with which status. */
 
-function head(lines: Array<[string, string]>, version = '1.1'): IncomingMessage {
+function head(lines: Array<[string, string]>, version = '1.1', method = 'GET'): IncomingMessage {
   const headers: Record<string, string> = {};
   for (const [name, value] of lines) {
     const key = name.toLowerCase();
@@ -16,6 +16,8 @@ function head(lines: Array<[string, string]>, version = '1.1'): IncomingMessage 
     headers,
     httpVersionMajor: major,
     httpVersionMinor: minor,
+    method,
+    url: '/ws/marketdata',
   } as unknown as IncomingMessage;
 }
 
@@ -105,36 +107,47 @@ describe('gateRefusal', () => {
     expect(refusal?.reason).toBe(status === 501 ? 'not-implemented' : 'bad-request');
   });
 
+  const WEBSOCKET: Array<[string, string]> = [
+    ['Host', 'x'],
+    ['Connection', 'Upgrade'],
+    ['Upgrade', 'websocket'],
+  ];
+
   it('refuses an upgrade that announces a body, and only an upgrade', () => {
-    const withLength = head([
-      ['Host', 'x'],
-      ['Content-Length', '5'],
-    ]);
+    const withLength = head([...WEBSOCKET, ['Content-Length', '5']]);
     expect(gateRefusal(withLength, 100, true)).toEqual({
       status: 400,
       reason: 'bad-request',
       message: 'An upgrade request carries no body',
     });
     expect(gateRefusal(withLength, 100, false)).toBeUndefined();
+    expect(gateRefusal(head([...WEBSOCKET, ['Content-Length', '0']]), 100, true)).toBeUndefined();
+    expect(gateRefusal(head([...WEBSOCKET, ['Transfer-Encoding', 'chunked']]), 100, true)?.status).toBe(400);
+  });
+
+  it('refuses an upgrade to anything but a WebSocket by GET, and one whose Host and target form no URL', () => {
+    const onlyWebSocket = { status: 400, reason: 'bad-request', message: 'Only WebSocket upgrades are accepted' };
     expect(
       gateRefusal(
         head([
           ['Host', 'x'],
-          ['Content-Length', '0'],
+          ['Upgrade', 'h2c'],
         ]),
         100,
         true,
       ),
-    ).toBeUndefined();
+    ).toEqual(onlyWebSocket);
+    expect(gateRefusal(head(WEBSOCKET, '1.1', 'POST'), 100, true)).toEqual(onlyWebSocket);
     expect(
       gateRefusal(
         head([
-          ['Host', 'x'],
-          ['Transfer-Encoding', 'chunked'],
+          ['Host', 'a b'],
+          ['Upgrade', 'websocket'],
         ]),
         100,
         true,
-      )?.status,
-    ).toBe(400);
+      ),
+    ).toEqual({ status: 400, reason: 'bad-request', message: 'Malformed request' });
+    expect(gateRefusal(head(WEBSOCKET), 100, true)).toBeUndefined();
   });
 });
