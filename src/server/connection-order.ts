@@ -16,6 +16,13 @@ import type { Duplex } from 'node:stream';
  * the request is counted, and the request is never served (README: a refused request uses no unit).
  */
 
+/**
+ * Requests that may wait on one connection. Requests that wait produce no answer bytes, so Node's
+ * own backpressure never stops reading them: past this many the client is flooding, and its
+ * connection is closed (nothing waiting was served; no HTTP client pipelines this deep).
+ */
+export const MAX_WAITING = 64;
+
 export interface Exchange {
   readonly req: IncomingMessage;
   readonly res: ServerResponse;
@@ -57,8 +64,15 @@ export class ConnectionOrder {
     this.inFlight++;
     const line = this.#line(req.socket);
     const exchange = { req, res };
-    if (line.active) line.waiting.push(exchange);
-    else this.#start(line, exchange);
+    if (!line.active) {
+      this.#start(line, exchange);
+      return;
+    }
+    line.waiting.push(exchange);
+    if (line.waiting.length > MAX_WAITING) {
+      for (const waiting of line.waiting.splice(0)) this.#drop(waiting);
+      req.socket.destroy();
+    }
   }
 
   /** The exchanges of a connection not answered yet: the one being served first, then those waiting. */

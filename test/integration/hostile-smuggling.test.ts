@@ -323,6 +323,18 @@ describe('requests pipelined around a refusal (regressions from the review of 20
     });
   }
 
+  it('a connection flooded with more pipelined requests than can wait is closed, and none of them is forwarded', async () => {
+    const key = newKey();
+    const marker = `FLOOD-${n}`;
+    const request = (i: number): string =>
+      `GET /symbols?${marker}-${i} HTTP/1.1\r\nHost: x\r\nX-API-Key: ${key}\r\n\r\n`;
+    const raw = await exchange(Array.from({ length: 80 }, (_, i) => request(i)).join(''));
+    expect(statuses(raw)).toEqual([]);
+    await sleep(100);
+    expect(reachedBridges(marker)).toEqual([]);
+    await stillServes();
+  });
+
   it('a valid WebSocket upgrade pipelined behind an order opens only after the order’s answer', async () => {
     const key = newKey();
     const socket = await rawConnect(gw.port);

@@ -2,7 +2,7 @@ import { EventEmitter } from 'node:events';
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { describe, expect, it } from 'vitest';
-import { ConnectionOrder, type Exchange } from '../../src/server/connection-order.js';
+import { ConnectionOrder, MAX_WAITING, type Exchange } from '../../src/server/connection-order.js';
 
 /**
  * The order of pipelined requests on one connection (src/server/connection-order.ts), without
@@ -13,6 +13,7 @@ interface FakeSocket {
   destroyed: boolean;
   writable: boolean;
   readableEnded: boolean;
+  destroy(): void;
 }
 
 class FakeAnswer extends EventEmitter {
@@ -27,7 +28,14 @@ class FakeAnswer extends EventEmitter {
 }
 
 function connection(): FakeSocket {
-  return { destroyed: false, writable: true, readableEnded: false };
+  return {
+    destroyed: false,
+    writable: true,
+    readableEnded: false,
+    destroy() {
+      this.destroyed = true;
+    },
+  };
 }
 
 function request(socket: FakeSocket): { req: IncomingMessage; res: FakeAnswer } {
@@ -147,5 +155,20 @@ describe('ConnectionOrder', () => {
     c._last = true;
     c.written();
     expect(seen).toEqual([true, true, false, true]);
+  });
+
+  it('closes a connection that floods it with more waiting requests than MAX_WAITING, serving none of them', async () => {
+    const { order, served, dropped } = setUp();
+    const socket = connection();
+    const first = take(order, socket);
+    for (let i = 0; i < MAX_WAITING; i++) take(order, socket);
+    expect(socket.destroyed).toBe(false);
+    take(order, socket);
+    expect(socket.destroyed).toBe(true);
+    expect(dropped).toHaveLength(MAX_WAITING + 1);
+    await microtask();
+    expect(served).toEqual([first]);
+    first.emit('close');
+    expect(order.inFlight).toBe(0);
   });
 });
