@@ -1,5 +1,6 @@
 import { execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
+import { chmodSync } from 'node:fs';
 import { Redis } from 'ioredis';
 
 /**
@@ -14,6 +15,8 @@ export default async function setup(): Promise<() => Promise<void>> {
   execFileSync(process.execPath, ['node_modules/typescript/bin/tsc', '-p', 'tsconfig.build.json'], {
     stdio: 'inherit',
   });
+  // The package's bin, run by `npx oapi-gateway` (as `npm run build` leaves it).
+  chmodSync('dist/cli.js', 0o755);
   const url = process.env.REDIS_URL ?? 'redis://127.0.0.1:6379';
   const redis = new Redis(url, { lazyConnect: true, maxRetriesPerRequest: 0, connectTimeout: 2000 });
   try {
