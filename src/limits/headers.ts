@@ -9,6 +9,16 @@ import { secondsUntil } from './windows.js';
  * `t` (seconds until reset) parameters.
  */
 
+/** The names of the usage headers, in the order they are written. */
+export const USAGE_HEADER_NAMES = [
+  'X-RateLimit-Limit-Hour',
+  'X-RateLimit-Remaining-Hour',
+  'X-RateLimit-Limit-Day',
+  'X-RateLimit-Remaining-Day',
+  'RateLimit-Policy',
+  'RateLimit',
+] as const;
+
 type CountedDecision = Extract<Decision, { kind: 'counted' }>;
 
 const DAY_SECONDS = 86_400;

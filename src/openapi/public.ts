@@ -1,5 +1,6 @@
 import { limitsFor, type LimitRow, type LimitTable, type RowLimits } from '../limits/limit-table.js';
 import { DEFAULT_CREDENTIAL_ROUTES } from '../config/settings.js';
+import { USAGE_HEADER_NAMES } from '../limits/headers.js';
 import { parseRoute, type Route } from '../limits/route.js';
 import {
   ERROR_SCHEMA,
@@ -46,15 +47,7 @@ export interface RateLimitExtension {
   readonly plans?: Readonly<Record<string, { readonly per_hour: number; readonly per_day: number }>>;
 }
 
-const USAGE_HEADERS = [
-  'X-RateLimit-Limit-Hour',
-  'X-RateLimit-Remaining-Hour',
-  'X-RateLimit-Limit-Day',
-  'X-RateLimit-Remaining-Day',
-  'RateLimit-Policy',
-  'RateLimit',
-  'X-Request-Id',
-] as const;
+const USAGE_HEADERS = [...USAGE_HEADER_NAMES, 'X-Request-Id'] as const;
 
 export function publicOpenApi(table: LimitTable, options: PublicOpenApiOptions): OpenApiDocument {
   const { paths, templates } = describePaths(table, options);

@@ -1,3 +1,5 @@
+import { USAGE_HEADER_NAMES } from '../limits/headers.js';
+
 /**
  * Header rules of one proxy hop (README "Forwarding"). Hop-by-hop fields (RFC 9110 §7.6.1, plus
  * every field named in `Connection`) describe one connection and are not forwarded; `Expect` is
@@ -162,15 +164,7 @@ export function requestHeaderList(rawHeaders: readonly string[], values: Forward
 }
 
 /** Fields the gateway itself writes on every counted answer (README "Headers and answers"). */
-const GATEWAY_FIELDS = new Set([
-  'x-ratelimit-limit-hour',
-  'x-ratelimit-remaining-hour',
-  'x-ratelimit-limit-day',
-  'x-ratelimit-remaining-day',
-  'ratelimit-policy',
-  'ratelimit',
-  'x-request-id',
-]);
+const GATEWAY_FIELDS = new Set([...USAGE_HEADER_NAMES, 'X-Request-Id'].map((name) => name.toLowerCase()));
 
 /**
  * The bridge's response headers as a flat list for one `writeHead`: hop-by-hop fields dropped,

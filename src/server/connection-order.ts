@@ -28,9 +28,15 @@ export interface Exchange {
   readonly res: ServerResponse;
 }
 
+/** An exchange as the order holds it: whether serving began, or must never begin. */
+interface Entry extends Exchange {
+  served: boolean;
+  withheld: boolean;
+}
+
 interface Line {
-  active: Exchange | undefined;
-  readonly waiting: Exchange[];
+  active: Entry | undefined;
+  readonly waiting: Entry[];
   /** Called once nothing is open on the connection: `open` is false when it is closing. */
   readonly idle: Array<(open: boolean) => void>;
 }
@@ -44,9 +50,6 @@ export class ConnectionOrder {
   readonly #lines = new WeakMap<Duplex, Line>();
   readonly #serve: (exchange: Exchange) => void;
   readonly #dropped: (exchange: Exchange) => void;
-  /** Exchanges whose turn came but which must not be served (see `withhold`). */
-  readonly #withheld = new WeakSet<Exchange>();
-  readonly #served = new WeakSet<Exchange>();
   /** Requests taken in whose answer is not complete yet (those waiting their turn included). */
   inFlight = 0;
 
@@ -63,7 +66,7 @@ export class ConnectionOrder {
   take(req: IncomingMessage, res: ServerResponse): void {
     this.inFlight++;
     const line = this.#line(req.socket);
-    const exchange = { req, res };
+    const exchange: Entry = { req, res, served: false, withheld: false };
     if (!line.active) {
       this.#start(line, exchange);
       return;
@@ -92,17 +95,19 @@ export class ConnectionOrder {
   /**
    * Stops the exchange being served when serving has not begun (its turn came in the same read of
    * the connection): true when it never will be, false when it already is being served.
+   * `exchange` is one `pending` gave.
    */
   withhold(exchange: Exchange): boolean {
-    if (this.#served.has(exchange)) return false;
-    this.#withheld.add(exchange);
+    const entry = exchange as Entry;
+    if (entry.served) return false;
+    entry.withheld = true;
     return true;
   }
 
   /** Gives up a waiting exchange and every one behind it: the connection will not reach them. */
   dropFrom(socket: Duplex, first: Exchange): void {
     const line = this.#lines.get(socket);
-    const at = line ? line.waiting.indexOf(first) : -1;
+    const at = line ? line.waiting.indexOf(first as Entry) : -1;
     if (!line || at === -1) return;
     for (const exchange of line.waiting.splice(at)) this.#drop(exchange);
   }
@@ -113,7 +118,7 @@ export class ConnectionOrder {
     return line;
   }
 
-  #start(line: Line, exchange: Exchange): void {
+  #start(line: Line, exchange: Entry): void {
     line.active = exchange;
     const { res } = exchange;
     let turnOver = false;
@@ -129,14 +134,14 @@ export class ConnectionOrder {
       next(false);
     });
     queueMicrotask(() => {
-      if (this.#withheld.has(exchange) || res.destroyed) return;
-      this.#served.add(exchange);
+      if (exchange.withheld || res.destroyed) return;
+      exchange.served = true;
       this.#serve(exchange);
     });
   }
 
   /** The turn of `done` is over: `written` when its answer was written whole, not cut off. */
-  #next(line: Line, done: Exchange, written: boolean): void {
+  #next(line: Line, done: Entry, written: boolean): void {
     line.active = undefined;
     const socket = done.req.socket;
     const writable = written && !socket.destroyed && socket.writable;
@@ -151,7 +156,7 @@ export class ConnectionOrder {
     for (const then of line.idle.splice(0)) then(open);
   }
 
-  #drop(exchange: Exchange): void {
+  #drop(exchange: Entry): void {
     this.inFlight--;
     this.#dropped(exchange);
   }

@@ -241,9 +241,9 @@ function clientErrorHandler(
     // A request whose own bytes broke off (or stopped coming) can never be answered by a bridge.
     const broken = pending.find((e) => !e.req.complete);
     if (broken && broken === pending[0]) {
-      // Not served yet (the failure came in the same read as its head): it never will be.
-      if (order.withhold(broken)) refuse(broken.req.method);
-      else if (!broken.res.headersSent) refuse(broken.req.method);
+      // Not served yet (the failure came in the same read as its head, and now never will be), or
+      // served with no answer begun: refused now.
+      if (order.withhold(broken) || !broken.res.headersSent) refuse(broken.req.method);
       // The gate's refusal of this very request is on its way and closes the connection.
       else if (!broken.res.writableEnded) socket.destroy();
       return;

@@ -1,6 +1,7 @@
 import type { MiddlewareHandler } from 'hono';
 import { cors } from 'hono/cors';
 import type { HeaderList } from '../../lib/header-list.js';
+import { USAGE_HEADER_NAMES } from '../../limits/headers.js';
 import type { GatewayEnv } from '../context.js';
 import { requestHeader } from '../request-header.js';
 
@@ -21,16 +22,7 @@ export interface CorsOptions {
 }
 
 /** What a browser script may read of an answer: the usage headers, `Retry-After`, `X-Request-Id`. */
-export const EXPOSED_HEADERS = [
-  'X-RateLimit-Limit-Hour',
-  'X-RateLimit-Remaining-Hour',
-  'X-RateLimit-Limit-Day',
-  'X-RateLimit-Remaining-Day',
-  'RateLimit-Policy',
-  'RateLimit',
-  'Retry-After',
-  'X-Request-Id',
-];
+export const EXPOSED_HEADERS = [...USAGE_HEADER_NAMES, 'Retry-After', 'X-Request-Id'];
 
 /** How long a browser may keep a preflight's answer (seconds). */
 const PREFLIGHT_MAX_AGE = 600;
