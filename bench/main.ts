@@ -81,7 +81,7 @@ async function startEverything(tempDir: string, profileDir: string | undefined):
   );
   const redis = new Redis(redisServer.url, { maxRetriesPerRequest: 1, lazyConnect: true });
   await redis.connect();
-  const startRssMB = { gateway: rssMB(gateway.child.pid), bare: rssMB(bare.child.pid) };
+  const startRssMB = { gateway: rssMB(gateway.child.pid), floor: rssMB(floor.child.pid), bare: rssMB(bare.child.pid) };
   return {
     redis,
     upstream,
@@ -162,6 +162,12 @@ async function run(tempDir: string): Promise<void> {
 
     const gatewayPeakRssMB = peakRssMB(setup.gateway.child.pid);
     const bareProxyPeakRssMB = peakRssMB(setup.bare.child.pid);
+    const floorPeakRssMB = peakRssMB(setup.floor.child.pid);
+    const endRssMB = {
+      gateway: rssMB(setup.gateway.child.pid),
+      floor: rssMB(setup.floor.child.pid),
+      bare: rssMB(setup.bare.child.pid),
+    };
     const gatewayStderr = setup.gateway.child.stderrTail().trim();
     if (gatewayStderr) setup.problems.push(`the gateway wrote to stderr: ${gatewayStderr.slice(-1000)}`);
     const cpus = os.cpus();
@@ -195,7 +201,9 @@ async function run(tempDir: string): Promise<void> {
       spentKey,
       gatewayPeakRssMB,
       bareProxyPeakRssMB,
+      floorPeakRssMB,
       startRssMB: setup.startRssMB,
+      endRssMB,
       checks: judge(results, spentKey, gatewayPeakRssMB),
       problems: setup.problems,
     };

@@ -83,6 +83,13 @@ export interface Check {
   readonly detail: string;
 }
 
+/** Resident set sizes (VmRSS, MB) of the gateway, the hono floor and the bare proxy at one moment. */
+export interface RssByTarget {
+  readonly gateway: number;
+  readonly floor: number;
+  readonly bare: number;
+}
+
 export interface BenchResult {
   readonly startedAt: string;
   readonly machine: {
@@ -109,7 +116,10 @@ export interface BenchResult {
   readonly spentKey: SpentKeyResult;
   readonly gatewayPeakRssMB: number;
   readonly bareProxyPeakRssMB: number;
-  readonly startRssMB: { gateway: number; bare: number };
+  readonly floorPeakRssMB: number;
+  /** VmRSS after start-up, and after the last measurement (what stays once the load's transients are over). */
+  readonly startRssMB: RssByTarget;
+  readonly endRssMB: RssByTarget;
   readonly checks: Check[];
   readonly problems: string[];
 }
@@ -252,7 +262,7 @@ export function printReport(result: BenchResult, out: (line: string) => void): v
     '¹ CPU time (utime+stime from /proc) of the processes that answer the client: the upstream, the bare proxy, the hono floor, the gateway (with WORKERS=2: its primary and both workers).',
   );
   out(
-    "  hono floor: hono + @hono/node-server + the gateway's own Forwarder (node:http), nothing else — the cost of the chosen stack alone.",
+    "  hono floor: hono + @hono/node-server + the gateway's own Forwarder (undici's Pool), nothing else — the cost of the chosen stack alone.",
   );
   out(
     '  req/s: mean over the measured rounds (± their standard deviation); p50/p99: over every response of those rounds.',
@@ -282,9 +292,12 @@ export function printReport(result: BenchResult, out: (line: string) => void): v
       `  ${pad(w.workload, 6)} ${r.requests} requests; round trips (oapi_gateway_store_calls_total) ${r.roundTripsPerRequest.toFixed(4)}; scripts run (evalsha+eval) ${r.scriptsPerRequest.toFixed(4)}; commands ${r.commandsPerRequest.toFixed(4)} [${perCommand}]`,
     );
   }
+  const memory = (name: string, target: keyof RssByTarget, peak: number): string =>
+    `${name} ${result.startRssMB[target].toFixed(1)} / ${peak.toFixed(1)} / ${result.endRssMB[target].toFixed(1)}`;
   out(
-    `  memory: gateway ${result.startRssMB.gateway.toFixed(1)} MB RSS after start-up, ${result.gatewayPeakRssMB.toFixed(1)} MB peak (VmHWM); ` +
-      `bare proxy ${result.startRssMB.bare.toFixed(1)} MB, ${result.bareProxyPeakRssMB.toFixed(1)} MB peak`,
+    `  memory (MB RSS after start-up / peak, VmHWM / after the last measurement): ` +
+      `${memory('gateway', 'gateway', result.gatewayPeakRssMB)}; ${memory('hono floor', 'floor', result.floorPeakRssMB)}; ` +
+      memory('bare proxy', 'bare', result.bareProxyPeakRssMB),
   );
   out('');
 

@@ -16,6 +16,7 @@ import {
   TARGETS,
   type RedisFigures,
   type RoundResult,
+  type RssByTarget,
   type SpentKeyResult,
   type TargetName,
   type TargetResult,
@@ -51,7 +52,7 @@ export interface Setup {
   readonly gatewayEnv: Record<string, string>;
   readonly ticksPerSecond: number;
   /** RSS (MB) of the gateway and the bare proxy once started, before any load. */
-  readonly startRssMB: { gateway: number; bare: number };
+  readonly startRssMB: RssByTarget;
   /** Anything odd seen on the way (non-200 answers, errors, counters that disagree), for the report. */
   readonly problems: string[];
 }
