@@ -51,7 +51,7 @@ export interface Setup {
   readonly workers2: GatewayProcess;
   readonly gatewayEnv: Record<string, string>;
   readonly ticksPerSecond: number;
-  /** RSS (MB) of the gateway and the bare proxy once started, before any load. */
+  /** RSS (MB) of the gateway, the hono floor and the bare proxy once started, before any load. */
   readonly startRssMB: RssByTarget;
   /** Anything odd seen on the way (non-200 answers, errors, counters that disagree), for the report. */
   readonly problems: string[];
