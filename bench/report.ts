@@ -295,7 +295,7 @@ export function printReport(result: BenchResult, out: (line: string) => void): v
   const memory = (name: string, target: keyof RssByTarget, peak: number): string =>
     `${name} ${result.startRssMB[target].toFixed(1)} / ${peak.toFixed(1)} / ${result.endRssMB[target].toFixed(1)}`;
   out(
-    `  memory (MB RSS after start-up / peak, VmHWM / after the last measurement): ` +
+    `  memory (MB RSS after start-up / peak (VmHWM) / after the last measurement): ` +
       `${memory('gateway', 'gateway', result.gatewayPeakRssMB)}; ${memory('hono floor', 'floor', result.floorPeakRssMB)}; ` +
       memory('bare proxy', 'bare', result.bareProxyPeakRssMB),
   );

@@ -1,8 +1,13 @@
 // The forwarder loads only undici's Pool: the package index also loads fetch, WebSocket,
-// EventSource, the cache and mock agents and more (about 1.1 MB of source), some 7 MB of memory
-// the gateway never uses (docs/performance.md "Memory"). The index's `Pool` is this same class;
-// a unit test pins that.
+// EventSource, the caches and mock agents and more (about 1.1 MB of source), 3.7–7 MB of RSS the
+// gateway never uses (docs/performance.md "What was changed"). The index's `Pool` is this same
+// class, but the index also adds its helper methods (request, stream, pipeline, connect, upgrade)
+// to every dispatcher: without it they are missing, so the type leaves them out and only
+// `dispatch` and the lifecycle methods compile. test/unit/partial-imports.test.ts pins both.
 declare module 'undici/lib/dispatcher/pool.js' {
-  import { Pool } from 'undici';
+  import type { Pool as IndexPool } from 'undici';
+
+  type Pool = Omit<IndexPool, 'request' | 'stream' | 'pipeline' | 'connect' | 'upgrade'>;
+  const Pool: new (...args: ConstructorParameters<typeof IndexPool>) => Pool;
   export default Pool;
 }
