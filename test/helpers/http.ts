@@ -24,6 +24,22 @@ export interface SendOptions {
   readonly timeoutMs?: number;
 }
 
+/**
+ * The usage headers as README "Headers and answers" names them, in the order the gateway writes
+ * them: the tests' own copy, kept apart from src/limits/headers.ts so a renamed header fails them.
+ */
+export const USAGE_HEADERS = [
+  'X-RateLimit-Limit-Hour',
+  'X-RateLimit-Remaining-Hour',
+  'X-RateLimit-Limit-Day',
+  'X-RateLimit-Remaining-Day',
+  'RateLimit-Policy',
+  'RateLimit',
+] as const;
+
+/** USAGE_HEADERS as Node's `IncomingMessage.headers` keys them. */
+export const USAGE_HEADER_KEYS = USAGE_HEADERS.map((name) => name.toLowerCase());
+
 export const keepAlive = new http.Agent({ keepAlive: true, maxSockets: 64 });
 
 export function send(baseUrl: string, options: SendOptions = {}): Promise<Reply> {

@@ -2,7 +2,7 @@ import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startTestGateway, type TestGateway } from '../helpers/gateway.js';
-import { send, type Reply } from '../helpers/http.js';
+import { USAGE_HEADER_KEYS, send, type Reply } from '../helpers/http.js';
 
 /**
  * CORS for browser clients (README "CORS"): off unless CORS_ORIGINS lists origins; a preflight is
@@ -110,12 +110,7 @@ describe('CORS_ORIGINS set', () => {
     expect(origins).toHaveLength(1);
     expect(reply.headers['access-control-allow-origin']).toBe(APP);
     expect(listOf(reply.headers['access-control-expose-headers'])).toEqual([
-      'x-ratelimit-limit-hour',
-      'x-ratelimit-remaining-hour',
-      'x-ratelimit-limit-day',
-      'x-ratelimit-remaining-day',
-      'ratelimit-policy',
-      'ratelimit',
+      ...USAGE_HEADER_KEYS,
       'retry-after',
       'x-request-id',
     ]);

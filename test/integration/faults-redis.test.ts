@@ -2,7 +2,7 @@ import http from 'node:http';
 import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startTestGateway, type TestGateway } from '../helpers/gateway.js';
-import { expectTwoFields, send, type Reply } from '../helpers/http.js';
+import { USAGE_HEADER_KEYS, expectTwoFields, send, type Reply } from '../helpers/http.js';
 import { startRedisServer, type RedisProcess } from '../helpers/redis.js';
 import { startRedisProxy, type RedisProxy } from '../helpers/redis-proxy.js';
 import { accessLine, metricValue, readyz, sleep, timed, usageOfRow, waitFor, waitReady } from '../helpers/faults.js';
@@ -25,14 +25,6 @@ limits:
 const TOO_MANY = '{"error":"Rate Limit Exceeded","message":"Too Many Requests"}';
 /** "Well under 1 s": the command timeout is 200 ms and a dead Redis must fail at once. */
 const FAST_MS = 600;
-const USAGE_HEADERS = [
-  'x-ratelimit-limit-hour',
-  'x-ratelimit-remaining-hour',
-  'x-ratelimit-limit-day',
-  'x-ratelimit-remaining-day',
-  'ratelimit-policy',
-  'ratelimit',
-];
 
 let n = 0;
 const newKey = (label: string): string => `${label}-${Date.now()}-${++n}`;
@@ -109,7 +101,7 @@ describe('REDIS_FAILURE_MODE=insurance (the default)', () => {
       expect(o.reply.text).toBe(TOO_MANY);
       expect(Number(o.reply.headers['retry-after'])).toBeGreaterThanOrEqual(1);
     }
-    for (const o of outage) for (const h of USAGE_HEADERS) expect(o.reply.headers[h], h).toBeDefined();
+    for (const o of outage) for (const h of USAGE_HEADER_KEYS) expect(o.reply.headers[h], h).toBeDefined();
     for (const o of outage) expect(await counterOf(gw, o.id)).toBe('insurance');
     expect(gw.eqt.requests.length - bridgeBefore).toBe(3);
 
@@ -235,7 +227,7 @@ describe('REDIS_FAILURE_MODE=open', () => {
     for (const o of outage) {
       expect(o.ms).toBeLessThan(FAST_MS);
       expect(o.reply.json()).toEqual({ bridge: 'eqt', method: 'GET', path: '/symbols', query: '' });
-      for (const h of USAGE_HEADERS) expect(o.reply.headers[h], h).toBeUndefined();
+      for (const h of USAGE_HEADER_KEYS) expect(o.reply.headers[h], h).toBeUndefined();
       expect(o.reply.headers['retry-after']).toBeUndefined();
       expect(await counterOf(gw, o.id)).toBeUndefined();
       expect(accessLine(gw, o.id)?.limit).toBe('uncounted');
