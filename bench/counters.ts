@@ -19,6 +19,25 @@ export async function commandCounts(redis: Redis): Promise<CommandCounts> {
 }
 
 /**
+ * CPU seconds Redis has used since it started (INFO cpu: user + system, all its threads).
+ * The gateway's counting costs Redis CPU that the floor and the bare proxy do not, and on the
+ * benchmark's machine Redis shares the cores with everything else.
+ */
+export async function redisCpuSeconds(redis: Redis): Promise<number> {
+  return cpuSecondsOfInfo(await redis.info('cpu'));
+}
+
+/** used_cpu_user + used_cpu_sys of an INFO cpu answer. */
+export function cpuSecondsOfInfo(text: string): number {
+  const field = (name: string): number => {
+    const match = new RegExp(`^${name}:(\\d+(?:\\.\\d+)?)\\r?$`, 'm').exec(text);
+    if (match?.[1] === undefined) throw new Error(`INFO cpu has no ${name}`);
+    return Number(match[1]);
+  };
+  return field('used_cpu_user') + field('used_cpu_sys');
+}
+
+/**
  * What the measured process sent between two readings: our own INFO calls are left out
  * (nothing else on this Redis calls INFO during a run).
  */

@@ -38,6 +38,8 @@ export interface RedisFigures {
   readonly requests: number;
   /** Requests the gateway counted in oapi_gateway_requests_total over the same time. */
   readonly gatewayCounted: number;
+  /** Redis's own CPU (INFO cpu) over the same time, per request: CPU the floor does not cost the machine. */
+  readonly cpuUsPerRequest: number;
   readonly commands: CommandCounts;
   readonly commandsPerRequest: number;
   /** Lua scripts Redis ran (evalsha + eval), per request: below 1 when requests share a script call. */
@@ -289,7 +291,7 @@ export function printReport(result: BenchResult, out: (line: string) => void): v
       .map(([cmd, n]) => `${cmd} ${(n / r.requests).toFixed(4)}`)
       .join(', ');
     out(
-      `  ${pad(w.workload, 6)} ${r.requests} requests; round trips (oapi_gateway_store_calls_total) ${r.roundTripsPerRequest.toFixed(4)}; scripts run (evalsha+eval) ${r.scriptsPerRequest.toFixed(4)}; commands ${r.commandsPerRequest.toFixed(4)} [${perCommand}]`,
+      `  ${pad(w.workload, 6)} ${r.requests} requests; round trips (oapi_gateway_store_calls_total) ${r.roundTripsPerRequest.toFixed(4)}; scripts run (evalsha+eval) ${r.scriptsPerRequest.toFixed(4)}; commands ${r.commandsPerRequest.toFixed(4)} [${perCommand}]; Redis CPU ${fixed(r.cpuUsPerRequest, 1)} µs`,
     );
   }
   const memory = (name: string, target: keyof RssByTarget, peak: number): string =>
@@ -305,7 +307,7 @@ export function printReport(result: BenchResult, out: (line: string) => void): v
   out(`spent key (${SPENT_ROUTE}, hour window full; priming answers ${s.primingStatuses.join(', ')}):`);
   out(
     `  ${s.completed} requests in ${s.seconds.toFixed(1)} s: ${s.reqPerSec.toFixed(0)} req/s, p50 ${fixed(s.p50Ms, 2)} ms, p99 ${fixed(s.p99Ms, 2)} ms, answers ${statusSummary(s.statusCounts)}; ` +
-      `Redis round trips/request ${s.redis.roundTripsPerRequest.toFixed(4)}, scripts/request ${s.redis.scriptsPerRequest.toFixed(4)}, commands/request ${s.redis.commandsPerRequest.toFixed(4)}, ` +
+      `Redis round trips/request ${s.redis.roundTripsPerRequest.toFixed(4)}, scripts/request ${s.redis.scriptsPerRequest.toFixed(4)}, commands/request ${s.redis.commandsPerRequest.toFixed(4)}, Redis CPU ${fixed(s.redis.cpuUsPerRequest, 1)} µs/request, ` +
       `gateway CPU ${fixed(s.cpuUsPerRequest, 0)} µs/request`,
   );
   out('');

@@ -4,6 +4,7 @@ import {
   commandCounts,
   commandDiff,
   metricTotal,
+  redisCpuSeconds,
   scriptCalls,
   totalCalls,
   type CommandCounts,
@@ -62,6 +63,7 @@ interface GatewayReading {
   readonly commands: CommandCounts;
   readonly storeCalls: number;
   readonly counted: number;
+  readonly redisCpuSeconds: number;
 }
 
 export function log(line: string): void {
@@ -108,7 +110,7 @@ async function readGateway(setup: Setup, gateway: GatewayProcess): Promise<Gatew
   const storeCalls = await metricTotal(gateway.adminUrl, 'oapi_gateway_store_calls_total');
   const counted = await metricTotal(gateway.adminUrl, 'oapi_gateway_requests_total');
   const commands = await commandCounts(setup.redis);
-  return { commands, storeCalls, counted };
+  return { commands, storeCalls, counted, redisCpuSeconds: await redisCpuSeconds(setup.redis) };
 }
 
 export function assertAlive(setup: Setup): void {
@@ -126,10 +128,17 @@ export function assertAlive(setup: Setup): void {
   }
 }
 
+interface RedisReading {
+  readonly commands: CommandCounts;
+  readonly storeCalls: number;
+  readonly counted: number;
+  readonly cpuSeconds: number;
+}
+
 interface Sample {
   readonly measurement: Measurement;
   readonly cpuUsPerRequest: number;
-  readonly redis?: { commands: CommandCounts; storeCalls: number; counted: number };
+  readonly redis?: RedisReading;
 }
 
 /** One measurement of one target, with the CPU it cost and, for the gateway, what it asked of Redis. */
@@ -158,6 +167,7 @@ async function sample(
           commands: commandDiff(before.commands, after.commands),
           storeCalls: after.storeCalls - before.storeCalls,
           counted: after.counted - before.counted,
+          cpuSeconds: after.redisCpuSeconds - before.redisCpuSeconds,
         }
       : undefined;
   return { measurement, cpuUsPerRequest, ...(redis ? { redis } : {}) };
@@ -169,11 +179,13 @@ function noteOddAnswers(problems: string[], where: string, m: Measurement, expec
   if (m.errors > 0 || m.timeouts > 0) problems.push(`${where}: ${m.errors} connection errors, ${m.timeouts} timeouts`);
 }
 
-function redisFigures(commands: CommandCounts, storeCalls: number, counted: number, requests: number): RedisFigures {
+function redisFigures(reading: RedisReading, requests: number): RedisFigures {
+  const { commands, storeCalls, counted, cpuSeconds } = reading;
   const n = Math.max(1, requests);
   return {
     requests,
     gatewayCounted: counted,
+    cpuUsPerRequest: (cpuSeconds * 1e6) / n,
     commands,
     commandsPerRequest: totalCalls(commands) / n,
     scriptsPerRequest: scriptCalls(commands) / n,
@@ -191,13 +203,15 @@ function summarise(target: TargetName, samples: readonly Sample[], rounds: reado
     const commands: CommandCounts = {};
     let storeCalls = 0;
     let counted = 0;
+    let cpuSeconds = 0;
     for (const s of samples) {
       if (!s.redis) continue;
       addCounts(commands, s.redis.commands);
       storeCalls += s.redis.storeCalls;
       counted += s.redis.counted;
+      cpuSeconds += s.redis.cpuSeconds;
     }
-    redis = redisFigures(commands, storeCalls, counted, sent);
+    redis = redisFigures({ commands, storeCalls, counted, cpuSeconds }, sent);
   }
   return {
     target,
@@ -301,7 +315,7 @@ export async function runSpentKey(setup: Setup, knobs: Knobs): Promise<SpentKeyR
   );
   noteOddAnswers(setup.problems, 'spent key', s.measurement, '429');
   const sorted = sortedCopy([s.measurement.latenciesMs]);
-  const redis = s.redis ?? { commands: {}, storeCalls: Number.NaN, counted: Number.NaN };
+  const redis = s.redis ?? { commands: {}, storeCalls: Number.NaN, counted: Number.NaN, cpuSeconds: Number.NaN };
   return {
     primingStatuses,
     seconds: s.measurement.seconds,
@@ -311,6 +325,6 @@ export async function runSpentKey(setup: Setup, knobs: Knobs): Promise<SpentKeyR
     p99Ms: percentile(sorted, 99),
     statusCounts: s.measurement.statusCounts,
     cpuUsPerRequest: s.cpuUsPerRequest,
-    redis: redisFigures(redis.commands, redis.storeCalls, redis.counted, s.measurement.sent),
+    redis: redisFigures(redis, s.measurement.sent),
   };
 }
