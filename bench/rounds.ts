@@ -58,7 +58,10 @@ export interface Setup {
   readonly problems: string[];
 }
 
-/** Readings taken around one gateway measurement. */
+/**
+ * Taken just before and just after one gateway measurement, and their difference: Redis's
+ * command counts and CPU seconds, the gateway's store calls and requests counted.
+ */
 interface GatewayReading {
   readonly commands: CommandCounts;
   readonly storeCalls: number;
@@ -128,17 +131,10 @@ export function assertAlive(setup: Setup): void {
   }
 }
 
-interface RedisReading {
-  readonly commands: CommandCounts;
-  readonly storeCalls: number;
-  readonly counted: number;
-  readonly cpuSeconds: number;
-}
-
 interface Sample {
   readonly measurement: Measurement;
   readonly cpuUsPerRequest: number;
-  readonly redis?: RedisReading;
+  readonly redis?: GatewayReading;
 }
 
 /** One measurement of one target, with the CPU it cost and, for the gateway, what it asked of Redis. */
@@ -167,7 +163,7 @@ async function sample(
           commands: commandDiff(before.commands, after.commands),
           storeCalls: after.storeCalls - before.storeCalls,
           counted: after.counted - before.counted,
-          cpuSeconds: after.redisCpuSeconds - before.redisCpuSeconds,
+          redisCpuSeconds: after.redisCpuSeconds - before.redisCpuSeconds,
         }
       : undefined;
   return { measurement, cpuUsPerRequest, ...(redis ? { redis } : {}) };
@@ -179,13 +175,13 @@ function noteOddAnswers(problems: string[], where: string, m: Measurement, expec
   if (m.errors > 0 || m.timeouts > 0) problems.push(`${where}: ${m.errors} connection errors, ${m.timeouts} timeouts`);
 }
 
-function redisFigures(reading: RedisReading, requests: number): RedisFigures {
-  const { commands, storeCalls, counted, cpuSeconds } = reading;
+function redisFigures(reading: GatewayReading, requests: number): RedisFigures {
+  const { commands, storeCalls, counted, redisCpuSeconds } = reading;
   const n = Math.max(1, requests);
   return {
     requests,
     gatewayCounted: counted,
-    cpuUsPerRequest: (cpuSeconds * 1e6) / n,
+    cpuUsPerRequest: (redisCpuSeconds * 1e6) / n,
     commands,
     commandsPerRequest: totalCalls(commands) / n,
     scriptsPerRequest: scriptCalls(commands) / n,
@@ -203,15 +199,15 @@ function summarise(target: TargetName, samples: readonly Sample[], rounds: reado
     const commands: CommandCounts = {};
     let storeCalls = 0;
     let counted = 0;
-    let cpuSeconds = 0;
+    let redisCpuSeconds = 0;
     for (const s of samples) {
       if (!s.redis) continue;
       addCounts(commands, s.redis.commands);
       storeCalls += s.redis.storeCalls;
       counted += s.redis.counted;
-      cpuSeconds += s.redis.cpuSeconds;
+      redisCpuSeconds += s.redis.redisCpuSeconds;
     }
-    redis = redisFigures({ commands, storeCalls, counted, cpuSeconds }, sent);
+    redis = redisFigures({ commands, storeCalls, counted, redisCpuSeconds }, sent);
   }
   return {
     target,
@@ -315,7 +311,7 @@ export async function runSpentKey(setup: Setup, knobs: Knobs): Promise<SpentKeyR
   );
   noteOddAnswers(setup.problems, 'spent key', s.measurement, '429');
   const sorted = sortedCopy([s.measurement.latenciesMs]);
-  const redis = s.redis ?? { commands: {}, storeCalls: Number.NaN, counted: Number.NaN, cpuSeconds: Number.NaN };
+  const redis = s.redis ?? { commands: {}, storeCalls: Number.NaN, counted: Number.NaN, redisCpuSeconds: Number.NaN };
   return {
     primingStatuses,
     seconds: s.measurement.seconds,
