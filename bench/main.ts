@@ -20,7 +20,7 @@ import {
   stopAllChildren,
   stopChild,
 } from './processes.js';
-import { TARGETS, judge, printReport, type BenchResult } from './report.js';
+import { TARGETS, judge, printReport, type BenchResult, type RssByTarget } from './report.js';
 import { assertAlive, log, runRounds, runSpentKey, smokeTest, type Knobs, type Setup } from './rounds.js';
 
 /**
@@ -58,6 +58,18 @@ function readKnobs(): Knobs {
   };
 }
 
+/** One memory figure (`read`: VmRSS or VmHWM, MB) of the gateway, the hono floor and the bare proxy. */
+function memoryOf(
+  processes: Record<keyof RssByTarget, { readonly child: { readonly pid: number } }>,
+  read: (pid: number) => number,
+): RssByTarget {
+  return {
+    gateway: read(processes.gateway.child.pid),
+    floor: read(processes.floor.child.pid),
+    bare: read(processes.bare.child.pid),
+  };
+}
+
 async function startEverything(tempDir: string, profileDir: string | undefined): Promise<Setup> {
   const redisServer = await startRedis(tempDir);
   const serversDir = compileServers();
@@ -81,7 +93,7 @@ async function startEverything(tempDir: string, profileDir: string | undefined):
   );
   const redis = new Redis(redisServer.url, { maxRetriesPerRequest: 1, lazyConnect: true });
   await redis.connect();
-  const startRssMB = { gateway: rssMB(gateway.child.pid), floor: rssMB(floor.child.pid), bare: rssMB(bare.child.pid) };
+  const startRssMB = memoryOf({ gateway, floor, bare }, rssMB);
   return {
     redis,
     upstream,
@@ -160,14 +172,8 @@ async function run(tempDir: string): Promise<void> {
     const spentKey = await runSpentKey(setup, knobs);
     assertAlive(setup);
 
-    const gatewayPeakRssMB = peakRssMB(setup.gateway.child.pid);
-    const bareProxyPeakRssMB = peakRssMB(setup.bare.child.pid);
-    const floorPeakRssMB = peakRssMB(setup.floor.child.pid);
-    const endRssMB = {
-      gateway: rssMB(setup.gateway.child.pid),
-      floor: rssMB(setup.floor.child.pid),
-      bare: rssMB(setup.bare.child.pid),
-    };
+    const peak = memoryOf(setup, peakRssMB);
+    const end = memoryOf(setup, rssMB);
     const gatewayStderr = setup.gateway.child.stderrTail().trim();
     if (gatewayStderr) setup.problems.push(`the gateway wrote to stderr: ${gatewayStderr.slice(-1000)}`);
     const cpus = os.cpus();
@@ -199,12 +205,10 @@ async function run(tempDir: string): Promise<void> {
       },
       workloads: results,
       spentKey,
-      gatewayPeakRssMB,
-      bareProxyPeakRssMB,
-      floorPeakRssMB,
       startRssMB: setup.startRssMB,
-      endRssMB,
-      checks: judge(results, spentKey, gatewayPeakRssMB),
+      peakRssMB: peak,
+      endRssMB: end,
+      checks: judge(results, spentKey, peak.gateway),
       problems: setup.problems,
     };
     printReport(result, log);

@@ -116,11 +116,9 @@ export interface BenchResult {
   };
   readonly workloads: WorkloadResult[];
   readonly spentKey: SpentKeyResult;
-  readonly gatewayPeakRssMB: number;
-  readonly bareProxyPeakRssMB: number;
-  readonly floorPeakRssMB: number;
-  /** VmRSS after start-up, and after the last measurement (what stays once the load's transients are over). */
+  /** VmRSS after start-up; VmHWM, the peak; VmRSS after the last measurement (what stays once the load's transients are over). */
   readonly startRssMB: RssByTarget;
+  readonly peakRssMB: RssByTarget;
   readonly endRssMB: RssByTarget;
   readonly checks: Check[];
   readonly problems: string[];
@@ -294,12 +292,11 @@ export function printReport(result: BenchResult, out: (line: string) => void): v
       `  ${pad(w.workload, 6)} ${r.requests} requests; round trips (oapi_gateway_store_calls_total) ${r.roundTripsPerRequest.toFixed(4)}; scripts run (evalsha+eval) ${r.scriptsPerRequest.toFixed(4)}; commands ${r.commandsPerRequest.toFixed(4)} [${perCommand}]; Redis CPU ${fixed(r.cpuUsPerRequest, 1)} µs`,
     );
   }
-  const memory = (name: string, target: keyof RssByTarget, peak: number): string =>
-    `${name} ${result.startRssMB[target].toFixed(1)} / ${peak.toFixed(1)} / ${result.endRssMB[target].toFixed(1)}`;
+  const memory = (target: keyof RssByTarget): string =>
+    `${TARGET_LABEL[target]} ${[result.startRssMB, result.peakRssMB, result.endRssMB].map((mb) => mb[target].toFixed(1)).join(' / ')}`;
   out(
     `  memory (MB RSS after start-up / peak (VmHWM) / after the last measurement): ` +
-      `${memory('gateway', 'gateway', result.gatewayPeakRssMB)}; ${memory('hono floor', 'floor', result.floorPeakRssMB)}; ` +
-      memory('bare proxy', 'bare', result.bareProxyPeakRssMB),
+      `${memory('gateway')}; ${memory('floor')}; ${memory('bare')}`,
   );
   out('');
 
