@@ -3,13 +3,13 @@ import { copyFileSync, mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSyn
 import os from 'node:os';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
-import { metricTotal } from './counters.js';
 import { writeBenchLimits } from './limits.js';
 import { apiKeys, quoteWorkload, stopRunningLoad, tokenWorkload } from './load.js';
-import { profileLines, readProfile, summariseProfile } from './profile.js';
+import { compareProfiles, differenceLines, readProfile, summariseProfile, type ProfilePart } from './profile.js';
 import {
   REPO_ROOT,
   clockTicksPerSecond,
+  type Child,
   compileServers,
   forkServer,
   killAllChildrenNow,
@@ -20,7 +20,7 @@ import {
   stopAllChildren,
   stopChild,
 } from './processes.js';
-import { TARGETS, judge, printReport, type BenchResult, type RssByTarget } from './report.js';
+import { TARGETS, judge, printReport, type BenchResult, type RssByTarget, type TargetName } from './report.js';
 import { assertAlive, log, runRounds, runSpentKey, smokeTest, type Knobs, type Setup } from './rounds.js';
 
 /**
@@ -75,7 +75,9 @@ async function startEverything(tempDir: string, profileDir: string | undefined):
   const serversDir = compileServers();
   const upstream = await forkServer('upstream', serversDir, 'upstream.js');
   const bare = await forkServer('bare proxy', serversDir, 'bare-proxy.js', [upstream.url]);
-  const floor = await forkServer('hono floor', serversDir, 'hono-floor.js', [upstream.url]);
+  const profiled = (name: string): string[] =>
+    profileDir ? ['--cpu-prof', `--cpu-prof-dir=${join(profileDir, name)}`] : [];
+  const floor = await forkServer('hono floor', serversDir, 'hono-floor.js', [upstream.url], profiled('floor'));
   const gatewayEnv = {
     REDIS_URL: redisServer.url,
     EQT_BRIDGE_URL: upstream.url,
@@ -84,7 +86,7 @@ async function startEverything(tempDir: string, profileDir: string | undefined):
     LOG_LEVEL: 'info',
     LIMITS_FILE: writeBenchLimits(tempDir),
   };
-  const gateway = await startGateway(gatewayEnv, profileDir ? ['--cpu-prof', `--cpu-prof-dir=${profileDir}`] : []);
+  const gateway = await startGateway(gatewayEnv, profiled('gateway'));
   // Its own key prefix: its counters never meet the single worker's.
   const workers2 = await startGateway(
     { ...gatewayEnv, WORKERS: '2', REDIS_KEY_PREFIX: 'oapi-w2:' },
@@ -104,6 +106,7 @@ async function startEverything(tempDir: string, profileDir: string | undefined):
     gatewayEnv,
     ticksPerSecond: clockTicksPerSecond(),
     startRssMB,
+    requestsSent: Object.fromEntries(TARGETS.map((target) => [target, 0])) as Record<TargetName, number>,
     problems: [],
   };
 }
@@ -126,27 +129,43 @@ function writeJson(result: BenchResult): string {
   return path;
 }
 
-/**
- * Stops the profiled gateway (V8 writes the profile as the process exits), keeps the profile in
- * .bench/ for Chrome DevTools, and prints its CPU by package, part of Node.js and gateway module.
- */
-async function reportProfile(setup: Setup, profileDir: string): Promise<void> {
-  const requests = await metricTotal(setup.gateway.adminUrl, 'oapi_gateway_requests_total');
-  await stopChild(setup.gateway.child, 15_000);
-  const file = readdirSync(profileDir).find((name) => name.endsWith('.cpuprofile'));
+/** Where the rounds ended: the moment (on the profiles' clock) and the requests sent to each target until then. */
+interface RoundsEnd {
+  readonly atUs: number;
+  readonly sent: Readonly<Record<'floor' | 'gateway', number>>;
+}
+
+/** Stops a profiled process (V8 writes its profile as it exits) and keeps the profile in .bench/ for Chrome DevTools. */
+async function keepProfile(child: Child, dir: string, name: string): Promise<string | undefined> {
+  await stopChild(child, 15_000);
+  const file = readdirSync(dir).find((entry) => entry.endsWith('.cpuprofile'));
   if (!file) {
-    log('BENCH_PROFILE=1: the gateway left no CPU profile');
-    return;
+    log(`BENCH_PROFILE=1: the ${name} left no CPU profile`);
+    return undefined;
   }
   mkdirSync(RESULTS_DIR, { recursive: true });
-  const kept = join(RESULTS_DIR, 'gateway.cpuprofile');
-  copyFileSync(join(profileDir, file), kept);
+  const kept = join(RESULTS_DIR, `${name.replace(/\W+/g, '-')}.cpuprofile`);
+  copyFileSync(join(dir, file), kept);
+  return kept;
+}
+
+/**
+ * The gateway's CPU beside the hono floor's, by package, part of Node.js and gateway module, per
+ * request over the rounds (the spent key's refusals, which the floor never sees, left out).
+ */
+async function reportProfiles(setup: Setup, profileDir: string, roundsEnd: RoundsEnd): Promise<void> {
+  const floor = await keepProfile(setup.floor.child, join(profileDir, 'floor'), 'hono floor');
+  const gateway = await keepProfile(setup.gateway.child, join(profileDir, 'gateway'), 'gateway');
+  if (!floor || !gateway) return;
   log('');
   log(
-    `where the gateway's CPU went, per request over all ${requests} requests it answered (self time sampled on its main thread; the profiler's own cost included):`,
+    `where the CPU went, per request over the rounds (warm-up included: ${roundsEnd.sent.floor} requests to the floor, ${roundsEnd.sent.gateway} to the gateway), the hono floor beside the gateway, largest difference first (self time sampled on the main thread; the profiler's own cost included):`,
   );
-  for (const line of profileLines(summariseProfile(readProfile(kept), requests))) log(line);
-  log(`profile written to ${kept} (open it in Chrome DevTools, Performance tab)`);
+  const parts = (path: string, requests: number): ProfilePart[] =>
+    summariseProfile(readProfile(path), requests, roundsEnd.atUs);
+  const rows = compareProfiles(parts(floor, roundsEnd.sent.floor), parts(gateway, roundsEnd.sent.gateway));
+  for (const line of differenceLines(rows)) log(line);
+  log(`profiles written to ${floor} and ${gateway} (open them in Chrome DevTools, Performance tab)`);
 }
 
 async function run(tempDir: string): Promise<void> {
@@ -168,6 +187,10 @@ async function run(tempDir: string): Promise<void> {
       `measuring: about ${total} s of load (${knobs.rounds} rounds × ${knobs.seconds} s after a ${knobs.warmupSeconds} s warm-up, ${knobs.connections} connections)`,
     );
     const results = await runRounds(setup, workloads, knobs);
+    const roundsEnd: RoundsEnd = {
+      atUs: Number(process.hrtime.bigint() / 1000n),
+      sent: { floor: setup.requestsSent.floor, gateway: setup.requestsSent.gateway },
+    };
     log('  spent key ...');
     const spentKey = await runSpentKey(setup, knobs);
     assertAlive(setup);
@@ -214,7 +237,7 @@ async function run(tempDir: string): Promise<void> {
     printReport(result, log);
     log('');
     log(`results written to ${writeJson(result)}`);
-    if (profileDir) await reportProfile(setup, profileDir);
+    if (profileDir) await reportProfiles(setup, profileDir, roundsEnd);
   } finally {
     setup.redis.disconnect();
   }

@@ -162,17 +162,21 @@ export function compileServers(): string {
   return out;
 }
 
-/** One of the compiled bench/servers in a Node process of its own; resolves with the port it listens on. */
+/**
+ * One of the compiled bench/servers in a Node process of its own; resolves with the port it listens on.
+ * `nodeArgs` go to node before the script (the CPU profiler's flags with BENCH_PROFILE=1).
+ */
 export async function forkServer(
   name: string,
   serversDir: string,
   file: string,
   args: string[] = [],
+  nodeArgs: string[] = [],
 ): Promise<{ child: Child; url: string }> {
   const path = join(serversDir, file);
   const child = register(
     name,
-    fork(path, args, { cwd: serversDir, execArgv: [], stdio: ['ignore', 'ignore', 'pipe', 'ipc'] }),
+    fork(path, args, { cwd: serversDir, execArgv: nodeArgs, stdio: ['ignore', 'ignore', 'pipe', 'ipc'] }),
   );
   const port = await new Promise<number>((resolve, reject) => {
     const timer = setTimeout(

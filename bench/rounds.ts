@@ -54,6 +54,8 @@ export interface Setup {
   readonly ticksPerSecond: number;
   /** RSS (MB) of the gateway, the hono floor and the bare proxy once started, before any load. */
   readonly startRssMB: RssByTarget;
+  /** Requests sent to each target so far, by every measurement (warm-ups and the spent key included). */
+  readonly requestsSent: Record<TargetName, number>;
   /** Anything odd seen on the way (non-200 answers, errors, counters that disagree), for the report. */
   readonly problems: string[];
 }
@@ -153,6 +155,7 @@ async function sample(
   const before = gateway ? await readGateway(setup, gateway) : undefined;
   const ticksBefore = treeCpuTicks(pids);
   const measurement = await measure(urlOf(setup, target), requests, { connections, seconds });
+  setup.requestsSent[target] += measurement.sent;
   await sleep(SETTLE_MS);
   const ticksAfter = treeCpuTicks(pids);
   const after = gateway ? await readGateway(setup, gateway) : undefined;

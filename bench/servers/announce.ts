@@ -12,4 +12,6 @@ export function listenAndAnnounce(server: Server): void {
   });
   // The parent going away (even by SIGKILL) closes the IPC channel: never outlive it.
   process.on('disconnect', () => process.exit(0));
+  // Stopped by the parent: a normal exit, so that a process under `--cpu-prof` writes its profile.
+  process.once('SIGTERM', () => process.exit(0));
 }

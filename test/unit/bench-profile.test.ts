@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { partOf, profileLines, summariseProfile, type CpuProfile } from '../../bench/profile.js';
+import { compareProfiles, differenceLines, partOf, summariseProfile, type CpuProfile } from '../../bench/profile.js';
 
 describe('bench CPU profile summary', () => {
   it('names who ran each sampled function', () => {
@@ -20,25 +20,61 @@ describe('bench CPU profile summary', () => {
     expect(partOf({ functionName: 'main', url: 'file:///app/dist/main.js' })).toBe('gateway: src');
   });
 
+  const profile: CpuProfile = {
+    nodes: [
+      { id: 1, callFrame: { functionName: '(idle)', url: '' } },
+      { id: 2, callFrame: { functionName: 'dispatch', url: 'file:///app/node_modules/hono/dist/compose.js' } },
+      { id: 3, callFrame: { functionName: 'Context', url: 'file:///app/node_modules/hono/dist/context.js' } },
+      { id: 4, callFrame: { functionName: '(garbage collector)', url: '' } },
+    ],
+    startTime: 10_000,
+    samples: [1, 2, 3, 4, 2, 1],
+    // Sample times: 10 500, 10 600, 10 800, 11 100, 11 200, 12 100.
+    timeDeltas: [500, 100, 200, 300, 100, 900],
+  };
+
   it('adds up self time per part, leaves idle time out and divides by the requests', () => {
-    const profile: CpuProfile = {
-      nodes: [
-        { id: 1, callFrame: { functionName: '(idle)', url: '' } },
-        { id: 2, callFrame: { functionName: 'dispatch', url: 'file:///app/node_modules/hono/dist/compose.js' } },
-        { id: 3, callFrame: { functionName: 'Context', url: 'file:///app/node_modules/hono/dist/context.js' } },
-        { id: 4, callFrame: { functionName: '(garbage collector)', url: '' } },
-      ],
-      samples: [1, 2, 3, 4, 2, 1],
-      timeDeltas: [500, 100, 200, 300, 100, 900],
-    };
-    const parts = summariseProfile(profile, 10);
-    expect(parts).toEqual([
+    expect(summariseProfile(profile, 10)).toEqual([
       { part: 'hono', usPerRequest: 40, share: 400 / 700 },
       { part: 'garbage collection', usPerRequest: 30, share: 300 / 700 },
     ]);
-    const lines = profileLines(parts, 1);
-    expect(lines).toHaveLength(3);
-    expect(lines[1]).toMatch(/\(1 more\)\s+30\.0 µs\s+42\.9 %/);
-    expect(lines[2]).toMatch(/total sampled on the main thread\s+70\.0 µs\s+100\.0 %/);
+  });
+
+  it('counts only the samples taken up to the given moment', () => {
+    expect(summariseProfile(profile, 2, 11_000)).toEqual([{ part: 'hono', usPerRequest: 150, share: 1 }]);
+    expect(summariseProfile(profile, 2, 11_100)).toEqual([
+      { part: 'hono', usPerRequest: 150, share: 300 / 600 },
+      { part: 'garbage collection', usPerRequest: 150, share: 300 / 600 },
+    ]);
+  });
+
+  it('puts the floor beside the gateway, the largest excess of the gateway first', () => {
+    const rows = compareProfiles(
+      [
+        { part: 'native: writev', usPerRequest: 30, share: 0.4 },
+        { part: 'garbage collection', usPerRequest: 25, share: 0.33 },
+        { part: 'hono', usPerRequest: 20, share: 0.27 },
+      ],
+      [
+        { part: 'native: writev', usPerRequest: 35, share: 0.5 },
+        { part: 'gateway: src/server', usPerRequest: 15, share: 0.2 },
+        { part: 'hono', usPerRequest: 19, share: 0.2 },
+        { part: 'garbage collection', usPerRequest: 10, share: 0.1 },
+      ],
+    );
+    expect(rows).toEqual([
+      { part: 'gateway: src/server', floorUs: 0, gatewayUs: 15 },
+      { part: 'native: writev', floorUs: 30, gatewayUs: 35 },
+      { part: 'hono', floorUs: 20, gatewayUs: 19 },
+      { part: 'garbage collection', floorUs: 25, gatewayUs: 10 },
+    ]);
+    // The two largest differences either way are shown; writev's and hono's go into the rest.
+    const lines = differenceLines(rows, 2);
+    expect(lines).toHaveLength(5);
+    expect(lines[0]).toMatch(/µs per request\s+floor\s+gateway\s+difference$/);
+    expect(lines[1]).toMatch(/gateway: src\/server\s+0\.0\s+15\.0\s+15\.0$/);
+    expect(lines[2]).toMatch(/garbage collection\s+25\.0\s+10\.0\s+-15\.0$/);
+    expect(lines[3]).toMatch(/\(2 more\)\s+50\.0\s+54\.0\s+4\.0$/);
+    expect(lines[4]).toMatch(/total sampled on the main thread\s+75\.0\s+79\.0\s+4\.0$/);
   });
 });
