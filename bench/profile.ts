@@ -30,8 +30,6 @@ export interface CpuProfile {
 export interface ProfilePart {
   readonly part: string;
   readonly usPerRequest: number;
-  /** Of the sampled busy time. */
-  readonly share: number;
 }
 
 const NODE_GROUPS: ReadonlyArray<[RegExp, string]> = [
@@ -67,7 +65,6 @@ export function partOf(frame: CallFrame): string | undefined {
 export function summariseProfile(profile: CpuProfile, requests: number, untilUs = Infinity): ProfilePart[] {
   const frames = new Map(profile.nodes.map((node) => [node.id, node.callFrame]));
   const byPart = new Map<string, number>();
-  let busy = 0;
   let at = profile.startTime;
   for (let i = 0; i < profile.samples.length; i++) {
     const us = profile.timeDeltas[i] ?? 0;
@@ -76,12 +73,11 @@ export function summariseProfile(profile: CpuProfile, requests: number, untilUs 
     const frame = frames.get(profile.samples[i] as number);
     const part = frame ? partOf(frame) : 'other';
     if (part === undefined) continue;
-    busy += us;
     byPart.set(part, (byPart.get(part) ?? 0) + us);
   }
   const n = Math.max(1, requests);
   return [...byPart]
-    .map(([part, us]) => ({ part, usPerRequest: us / n, share: busy > 0 ? us / busy : 0 }))
+    .map(([part, us]) => ({ part, usPerRequest: us / n }))
     .sort((a, b) => b.usPerRequest - a.usPerRequest);
 }
 
