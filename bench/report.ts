@@ -85,7 +85,7 @@ export interface Check {
   readonly detail: string;
 }
 
-/** Resident set sizes (VmRSS, MB) of the gateway, the hono floor and the bare proxy at one moment. */
+/** One memory figure (MB) of the gateway, the hono floor and the bare proxy: VmRSS at one moment, or VmHWM, the peak so far. */
 export interface RssByTarget {
   readonly gateway: number;
   readonly floor: number;
