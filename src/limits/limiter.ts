@@ -133,7 +133,12 @@ export class Limiter {
     return this.#clock.now() < this.#storeDownUntil ? this.#lastStoreError : undefined;
   }
 
-  async check(request: LimitRequest): Promise<Decision> {
+  /**
+   * The decision on one request. A chain of promises rather than async functions: every request
+   * takes this path, and each async frame costs a promise and a resumption of its own
+   * (docs/performance.md, "Fewer promises per request").
+   */
+  check(request: LimitRequest): Promise<Decision> {
     const now = this.#clock.now();
     const windows = request.calendar.at(now);
     const { row, limits } = request;
@@ -143,7 +148,7 @@ export class Limiter {
       const known = this.#spent.get(spentKey);
       if (known && now < known.until && known.limits === limits) {
         const hourUsed = known.hourStart === windows.hourStart ? known.hourUsed : 0;
-        return decide(false, hourUsed, known.dayUsed, limits, windows, 'cache', false, now);
+        return Promise.resolve(decide(false, hourUsed, known.dayUsed, limits, windows, 'cache', false, now));
       }
     }
 
@@ -157,31 +162,62 @@ export class Limiter {
       expireAt: windows.dayEnd + EXPIRY_SLACK_MS,
       force: row.shadow,
     };
-
     const generation = this.#generation;
-    let counts = now >= this.#storeDownUntil ? await this.#fromStore(consume) : undefined;
-    let source: 'store' | 'insurance' = 'store';
-    if (!counts) {
-      const fallback = await this.#fallback(consume);
-      if (fallback.kind !== 'counted') return fallback;
-      ({ counts, source } = fallback);
-      if (counts.allowed) this.#addUnmerged({ ...consume, hour: 1, day: 1 });
-    }
+    const fromStore = (counts: Counts): Decision => {
+      const decision = decide(counts.allowed, counts.hour, counts.day, limits, windows, 'store', row.shadow, now);
+      if (!counts.allowed && generation === this.#generation && decision.kind === 'counted')
+        this.#rememberSpent(spentKey, decision, counts, limits, windows, now);
+      return decision;
+    };
+    if (now < this.#storeDownUntil) return this.#withoutStore(consume, limits, windows, row.shadow, now);
+    this.#observer?.storeCall();
+    return this.#store.consume(consume).then(
+      (counts) => {
+        // The store answers again: what was admitted without it is added to it now.
+        if (this.#unmerged.size > 0) this.#mergeIntoStore();
+        return fromStore(counts);
+      },
+      (err: unknown) => {
+        if (!(err instanceof StoreUnavailableError)) throw err;
+        this.#storeFailed(err);
+        return this.#withoutStore(consume, limits, windows, row.shadow, now);
+      },
+    );
+  }
 
-    const decision = decide(counts.allowed, counts.hour, counts.day, limits, windows, source, row.shadow, now);
-    if (!counts.allowed && source === 'store' && generation === this.#generation && decision.kind === 'counted') {
-      // Counters only grow until their window ends, so the pair stays spent until then on every instance.
-      const until = Math.max(
-        decision.spent !== 'day' ? windows.hourEnd : 0,
-        decision.spent !== 'hour' ? windows.dayEnd : 0,
-      );
-      this.#spent.set(
-        spentKey,
-        { limits, until, hourStart: windows.hourStart, hourUsed: counts.hour, dayUsed: counts.day },
-        { ttl: until - now },
-      );
-    }
-    return decision;
+  /** Counters only grow until their window ends, so the pair stays spent until then on every instance. */
+  #rememberSpent(
+    spentKey: string,
+    decision: Extract<Decision, { kind: 'counted' }>,
+    counts: Counts,
+    limits: RowLimits,
+    windows: Windows,
+    now: number,
+  ): void {
+    const until = Math.max(
+      decision.spent !== 'day' ? windows.hourEnd : 0,
+      decision.spent !== 'hour' ? windows.dayEnd : 0,
+    );
+    this.#spent.set(
+      spentKey,
+      { limits, until, hourStart: windows.hourStart, hourUsed: counts.hour, dayUsed: counts.day },
+      { ttl: until - now },
+    );
+  }
+
+  /** The decision while the store is away, by REDIS_FAILURE_MODE. */
+  async #withoutStore(
+    consume: Parameters<CounterStore['consume']>[0],
+    limits: RowLimits,
+    windows: Windows,
+    shadow: boolean,
+    now: number,
+  ): Promise<Decision> {
+    const fallback = await this.#fallback(consume);
+    if (fallback.kind !== 'counted') return fallback;
+    const { counts } = fallback;
+    if (counts.allowed) this.#addUnmerged({ ...consume, hour: 1, day: 1 });
+    return decide(counts.allowed, counts.hour, counts.day, limits, windows, 'insurance', shadow, now);
   }
 
   /** What one key has used on the given rows, from the counter store. */
@@ -231,21 +267,6 @@ export class Limiter {
   /** Resolves once the units handed to the store after an outage are in (or the attempt failed). */
   merged(): Promise<void> {
     return this.#merging ?? Promise.resolve();
-  }
-
-  /** The store's answer, or undefined when it could not give one (then it is skipped for a while). */
-  async #fromStore(consume: Parameters<CounterStore['consume']>[0]): Promise<Counts | undefined> {
-    try {
-      this.#observer?.storeCall();
-      const counts = await this.#store.consume(consume);
-      // The store answers again: what was admitted without it is added to it now.
-      if (this.#unmerged.size > 0) this.#mergeIntoStore();
-      return counts;
-    } catch (err) {
-      if (!(err instanceof StoreUnavailableError)) throw err;
-      this.#storeFailed(err);
-      return undefined;
-    }
   }
 
   /** Pairs whose counters have expired anyway hold nothing worth adding. */

@@ -1,11 +1,11 @@
-import type { Handler } from 'hono';
+import type { Context, Handler } from 'hono';
 import { RESPONSE_ALREADY_SENT } from '@hono/node-server/utils/response';
 import type { HeaderList } from '../../lib/header-list.js';
 import type { Forwarder } from '../../proxy/forwarder.js';
 import type { WebSocketProxy } from '../../ws/bridge-proxy.js';
 import type { WebSocketConnections } from '../../ws/connections.js';
 import { answer } from '../answers.js';
-import type { GatewayEnv } from '../context.js';
+import type { GatewayEnv, UpgradeBinding } from '../context.js';
 import { withoutApiKey } from './api-key.js';
 
 /**
@@ -34,55 +34,60 @@ export function forward(options: ForwardOptions): Handler<GatewayEnv> {
   const consumerOf = (keyId: string | undefined): string[] | undefined =>
     keyId !== undefined && consumerIdHeader ? [consumerIdHeader, keyId] : undefined;
 
-  return async function forward(c) {
+  const upgraded = (c: Context<GatewayEnv>, upgrade: UpgradeBinding, usageHeaders: HeaderList): Promise<Response> => {
+    const endpoint = c.get('endpoint');
+    const requestId = c.get('requestId');
+    return new Promise<number>((resolve) => {
+      webSocketProxy.upgrade({
+        incoming: c.env.incoming,
+        socket: upgrade.socket,
+        head: upgrade.head,
+        bridge: endpoint.bridge,
+        target: endpoint.path + withoutApiKey(endpoint.query),
+        requestId,
+        clientAddress: c.get('clientAddress'),
+        answerHeaders: [...usageHeaders, ['X-Request-Id', requestId]],
+        droppedHeaders,
+        addedHeaders: consumerOf(c.get('client')?.keyId),
+        onOpen: (client, bridge) => websockets.add(endpoint.row, client, bridge),
+        onDone: resolve,
+      });
+    }).then((opened) => {
+      c.set('forwarded', { status: opened, upstreamMs: undefined });
+      return RESPONSE_ALREADY_SENT;
+    });
+  };
+
+  // Not async: one promise per request, the forwarder's own (docs/performance.md).
+  return function forward(c) {
     const incoming = c.env?.incoming;
     // Only an in-process app.request() has no socket; there is nothing to forward it over.
     if (!incoming) return answer(c, 'internal', 500, 'No connection to forward');
-    const endpoint = c.get('endpoint');
-    const requestId = c.get('requestId');
-    const upgrade = c.env.upgrade;
     // Added to the bridge's answer (the 101 of an upgrade included) and to a 502/504 the gateway writes.
     const cors = c.get('corsHeaders');
     const usage = c.get('usageHeaders') ?? NO_HEADERS;
     const usageHeaders = cors ? [...usage, ...cors] : usage;
-    const addedHeaders = consumerOf(c.get('client')?.keyId);
+    if (c.env.upgrade) return upgraded(c, c.env.upgrade, usageHeaders);
 
-    if (upgrade) {
-      const opened = await new Promise<number>((resolve) => {
-        webSocketProxy.upgrade({
-          incoming,
-          socket: upgrade.socket,
-          head: upgrade.head,
-          bridge: endpoint.bridge,
-          target: endpoint.path + withoutApiKey(endpoint.query),
-          requestId,
-          clientAddress: c.get('clientAddress'),
-          answerHeaders: [...usageHeaders, ['X-Request-Id', requestId]],
-          droppedHeaders,
-          addedHeaders,
-          onOpen: (client, bridge) => websockets.add(endpoint.row, client, bridge),
-          onDone: resolve,
-        });
+    const endpoint = c.get('endpoint');
+    return forwarder
+      .forward({
+        incoming,
+        outgoing: c.env.outgoing,
+        bridge: endpoint.bridge,
+        target: endpoint.path + endpoint.query,
+        body: c.get('body'),
+        maxBodyBytes,
+        requestId: c.get('requestId'),
+        clientAddress: c.get('clientAddress'),
+        usageHeaders,
+        ownsCors: cors !== undefined,
+        droppedHeaders,
+        addedHeaders: consumerOf(c.get('client')?.keyId),
+      })
+      .then((result) => {
+        c.set('forwarded', result);
+        return RESPONSE_ALREADY_SENT;
       });
-      c.set('forwarded', { status: opened, upstreamMs: undefined });
-      return RESPONSE_ALREADY_SENT;
-    }
-
-    const result = await forwarder.forward({
-      incoming,
-      outgoing: c.env.outgoing,
-      bridge: endpoint.bridge,
-      target: endpoint.path + endpoint.query,
-      body: c.get('body'),
-      maxBodyBytes,
-      requestId,
-      clientAddress: c.get('clientAddress'),
-      usageHeaders,
-      ownsCors: cors !== undefined,
-      droppedHeaders,
-      addedHeaders,
-    });
-    c.set('forwarded', result);
-    return RESPONSE_ALREADY_SENT;
   };
 }
