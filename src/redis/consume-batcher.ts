@@ -1,18 +1,22 @@
 import type { Cluster } from 'ioredis';
 import { CONSUME_SCRIPT, pushConsumeArgs } from '../limits/count-rules.js';
-import type { ConsumeRequest, Counts, StoreUnavailableError } from '../limits/store.js';
+import { StoreUnavailableError, type ConsumeRequest, type Counts } from '../limits/store.js';
 import type { RedisClient } from './connection.js';
 import type { ReceiptLedger } from './receipt-ledger.js';
 
 /**
  * Counting requests with the consume script (docs/performance.md "Counting costs one
- * round trip"). On a single Redis, the requests that arrive in one turn of the event loop are
- * counted by one script call together: each request still waits on exactly one round trip, but
- * the client and the server handle one command (one write, one read, one reply) per batch
- * instead of one per request, and each counter of the batch is read and written once. (ioredis'
- * own auto-pipelining only joins commands of the same tick, and every connection's request is a
- * tick of its own; it is off, see connection.ts.) On a Cluster the keys of one script must share
- * a slot, so there each request's script goes alone.
+ * round trip"). On a single Redis, requests are counted together: one script call is out at a
+ * time, and the requests that come while it is out go together in the next, which leaves as soon
+ * as the one before is answered. Each request still waits on exactly one round trip of its own
+ * (and at most on the call before it), but the client and the server handle one command (one
+ * write, one read, one reply) per batch instead of one per request, and each counter of the batch
+ * is read and written once. (ioredis' own auto-pipelining only joins commands of the same tick,
+ * and every connection's request is a tick of its own; it is off, see connection.ts.) On a
+ * Cluster the keys of one script must share a slot, so there each request's script goes alone.
+ *
+ * When a call times out or its connection fails, the requests waiting for the next call fail with
+ * it at once, unsent (so certainly not counted): none waits for a second timeout behind the first.
  *
  * Every call carries a receipt from the ledger, which is told of every call whose answer never
  * came (redis/receipt-ledger.ts).
@@ -36,9 +40,14 @@ export class ConsumeBatcher {
   readonly #client: RedisClient & ConsumeCommands;
   readonly #ledger: ReceiptLedger;
   readonly #batching: boolean;
+  /** Requests waiting for the next call. */
   #batch: Pending[] = [];
+  /** Calls sent and not answered yet: one, or two for a moment when a window boundary splits a batch. */
+  #inFlight = 0;
+  /** The next call is due in the next check phase of the event loop (setImmediate). */
+  #due = false;
 
-  /** `batching`: requests of one turn share a call; by default on a single Redis only. */
+  /** `batching`: requests share calls; by default on a single Redis only. */
   constructor(client: RedisClient, ledger: ReceiptLedger, options: { readonly batching?: boolean } = {}) {
     // The same script twice: with one key (ioredis routes it by that key on a Cluster), and
     // with the number of keys given per call, for a batch.
@@ -57,19 +66,32 @@ export class ConsumeBatcher {
         this.#run([pending]);
         return;
       }
-      // One call counts in one pair of windows: a request of other windows (a boundary just passed) starts a new call.
+      // One call counts in one pair of windows: a request of other windows (a boundary just passed)
+      // sends the requests before it at once and starts the next batch.
       const first = this.#batch[0]?.request;
-      if (first && !sameWindows(first, request)) this.#send();
-      if (this.#batch.push(pending) === 1) setImmediate(this.#send);
+      if (first && !sameWindows(first, request)) this.#run(this.#take());
+      this.#batch.push(pending);
+      this.#sendWhenFree();
     });
   }
 
+  /** Schedules the next call for the check phase of this turn, unless a call is out: its answer schedules it. */
+  #sendWhenFree(): void {
+    if (this.#due || this.#inFlight > 0 || this.#batch.length === 0) return;
+    this.#due = true;
+    setImmediate(this.#send);
+  }
+
   readonly #send = (): void => {
-    const batch = this.#batch;
-    if (batch.length === 0) return;
-    this.#batch = [];
-    this.#run(batch);
+    this.#due = false;
+    if (this.#inFlight === 0 && this.#batch.length > 0) this.#run(this.#take());
   };
+
+  #take(): Pending[] {
+    const batch = this.#batch;
+    this.#batch = [];
+    return batch;
+  }
 
   /** One script call for the whole batch: its counters, its windows, three arguments per counter, the call's receipt. */
   #run(batch: readonly Pending[]): void {
@@ -81,8 +103,11 @@ export class ConsumeBatcher {
       batch.length === 1
         ? this.#client.oapiConsume(firstKey, ...rest)
         : this.#client.oapiConsumeMany(batch.length, ...keysThenArgs);
+    this.#inFlight++;
     reply.then(
       (counts) => {
+        this.#inFlight--;
+        this.#sendWhenFree();
         batch.forEach((pending, i) =>
           pending.resolve({
             allowed: counts[i * 3] === 1,
@@ -92,11 +117,24 @@ export class ConsumeBatcher {
         );
       },
       (err: unknown) => {
+        this.#inFlight--;
         const { hourStart, dayStart } = (batch[0] as Pending).request;
         const failure = this.#ledger.failed(receipt, { keys: batch.map((p) => p.key), hourStart, dayStart }, err);
         for (const pending of batch) pending.reject(failure);
+        // Redis refusing this script says nothing of the next call; a timeout or a lost connection does.
+        if (failure.kind === 'reply') this.#sendWhenFree();
+        else this.#failWaiting(failure);
       },
     );
+  }
+
+  /** The requests waiting for the next call fail with the one before them, unsent. */
+  #failWaiting(cause: StoreUnavailableError): void {
+    if (this.#inFlight > 0) return;
+    const unsent = new StoreUnavailableError(cause.kind, `not sent, the call before it failed: ${cause.message}`, {
+      cause,
+    });
+    for (const pending of this.#take()) pending.reject(unsent);
   }
 }
 

@@ -97,6 +97,21 @@ describe('ConsumeBatcher: script calls', () => {
     expect(await scriptCalls()).toBe(2);
   });
 
+  it('sends one call at a time: the requests that come while a call is out go together in the next one', async () => {
+    const batcher = new ConsumeBatcher(c, ledger);
+    await inspect.call('CLIENT', 'PAUSE', '150', 'WRITE');
+    const first = batcher.consume('queued', request({ hourLimit: 100, dayLimit: 100 }));
+    // Three more turns of the event loop while the first call waits on the paused server.
+    const later: Array<Promise<unknown>> = [];
+    for (let i = 0; i < 3; i++) {
+      await new Promise((resolve) => setTimeout(resolve, 10));
+      later.push(batcher.consume('queued', request({ hourLimit: 100, dayLimit: 100 })));
+    }
+    expect((await first).hour).toBe(1);
+    expect((await Promise.all(later)).map((x) => (x as { hour: number }).hour)).toEqual([2, 3, 4]);
+    expect(await scriptCalls()).toBe(2);
+  });
+
   it('with batching off (as on a Cluster), sends each request of a turn alone', async () => {
     const batcher = new ConsumeBatcher(c, ledger, { batching: false });
     const counts = await Promise.all(
@@ -146,6 +161,31 @@ describe('ConsumeBatcher: failed calls', () => {
     expect(quickLedger.inDoubt).toBe(0);
     expect(await inspect.hmget('doubt-a', 'hc', 'dc', 'rc')).toEqual(['0', '0', '']);
     expect(await inspect.hmget('doubt-b', 'hc', 'dc', 'rc')).toEqual(['0', '0', '']);
+    quickLedger.close();
+    quick.disconnect();
+  });
+
+  it('fails the requests waiting behind a call that timed out at once, unsent, instead of sending them into a second timeout', async () => {
+    const quick = createRedisClient({ url: own.url, commandTimeoutMs: 100 });
+    quick.on('error', () => {});
+    await quick.connect();
+    const quickLedger = new ReceiptLedger(quick);
+    const batcher = new ConsumeBatcher(quick, quickLedger);
+    await batcher.consume('unsent-warm', request()); // loads the script on this connection
+    await inspect.call('CLIENT', 'PAUSE', '400', 'WRITE');
+    const sent = batcher.consume('unsent-a', request());
+    await new Promise((resolve) => setTimeout(resolve, 20));
+    const waiting = [batcher.consume('unsent-b', request()), batcher.consume('unsent-c', request())];
+    const results = await Promise.allSettled([sent, ...waiting]);
+    const reasons = results.map((r) => (r as PromiseRejectedResult).reason as StoreUnavailableError);
+    expect(results.map((r) => r.status)).toEqual(['rejected', 'rejected', 'rejected']);
+    expect(reasons.map((r) => r.kind)).toEqual(['timeout', 'timeout', 'timeout']);
+    expect(reasons.map((r) => r.message.startsWith('not sent'))).toEqual([false, true, true]);
+    // Only the call that was sent is in doubt; the others never reached Redis.
+    expect(quickLedger.inDoubt).toBe(1);
+    const deadline = Date.now() + 3000;
+    while (quickLedger.inDoubt > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+    expect(await inspect.exists('unsent-b', 'unsent-c')).toBe(0);
     quickLedger.close();
     quick.disconnect();
   });
