@@ -77,7 +77,7 @@ export class GatewayMetrics implements LimiterObserver {
   #storeCalls = 0;
   readonly storeCalls: Counter = new Counter({
     name: 'oapi_gateway_store_calls_total',
-    help: 'Requests counted in the counter store; each waited for one round trip (requests of one event-loop turn share it).',
+    help: 'Requests counted in the counter store; each waited for one round trip (requests that come while a call is out share the next).',
     registers: [this.registry],
     collect: () => {
       this.storeCalls.inc(this.#storeCalls);

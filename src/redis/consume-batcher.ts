@@ -1,6 +1,6 @@
 import type { Cluster } from 'ioredis';
 import { CONSUME_SCRIPT, pushConsumeArgs } from '../limits/count-rules.js';
-import { StoreUnavailableError, type ConsumeRequest, type Counts } from '../limits/store.js';
+import type { ConsumeRequest, Counts, StoreUnavailableError } from '../limits/store.js';
 import type { RedisClient } from './connection.js';
 import type { ReceiptLedger } from './receipt-ledger.js';
 
@@ -8,19 +8,26 @@ import type { ReceiptLedger } from './receipt-ledger.js';
  * Counting requests with the consume script (docs/performance.md "Counting costs one
  * round trip"). On a single Redis, requests are counted together: one script call is out at a
  * time, and the requests that come while it is out go together in the next, which leaves as soon
- * as the one before is answered. Each request still waits on exactly one round trip of its own
- * (and at most on the call before it), but the client and the server handle one command (one
- * write, one read, one reply) per batch instead of one per request, and each counter of the batch
- * is read and written once. (ioredis' own auto-pipelining only joins commands of the same tick,
+ * as the one before is answered, or after MAX_WAIT_MS if that answer is slow in coming. Each
+ * request still waits on exactly one round trip of its own, but the client and the server handle
+ * one command (one write, one read, one reply) per batch instead of one per request, and each
+ * counter of the batch is read and written once. (ioredis' own auto-pipelining only joins commands of the same tick,
  * and every connection's request is a tick of its own; it is off, see connection.ts.) On a
  * Cluster the keys of one script must share a slot, so there each request's script goes alone.
  *
- * When a call times out or its connection fails, the requests waiting for the next call fail with
- * it at once, unsent (so certainly not counted): none waits for a second timeout behind the first.
+ * A request so waits for its counting at most MAX_WAIT_MS longer than REDIS_TIMEOUT_MS
+ * (docs/operations.md "Redis"): never for a second timeout behind the first.
  *
  * Every call carries a receipt from the ledger, which is told of every call whose answer never
  * came (redis/receipt-ledger.ts).
  */
+
+/**
+ * How long requests wait for the call before theirs to be answered before they go in a call of
+ * their own. Far longer than a call takes under load (a millisecond or two), so it seldom fires;
+ * it only bounds the wait behind a slow call.
+ */
+export const MAX_WAIT_MS = 5;
 
 interface Pending {
   readonly key: string;
@@ -42,10 +49,12 @@ export class ConsumeBatcher {
   readonly #batching: boolean;
   /** Requests waiting for the next call. */
   #batch: Pending[] = [];
-  /** Calls sent and not answered yet: one, or two for a moment when a window boundary splits a batch. */
+  /** Calls sent and not answered yet: one, or more behind a slow one (MAX_WAIT_MS) or at a window boundary. */
   #inFlight = 0;
   /** The next call is due in the next check phase of the event loop (setImmediate). */
   #due = false;
+  /** Sends the waiting requests if the call before them is still out after MAX_WAIT_MS. */
+  #waitLimit: NodeJS.Timeout | undefined;
 
   /** `batching`: requests share calls; by default on a single Redis only. */
   constructor(client: RedisClient, ledger: ReceiptLedger, options: { readonly batching?: boolean } = {}) {
@@ -75,19 +84,35 @@ export class ConsumeBatcher {
     });
   }
 
-  /** Schedules the next call for the check phase of this turn, unless a call is out: its answer schedules it. */
+  /**
+   * Schedules the next call for the check phase of this turn; while a call is out, its answer
+   * schedules it, or MAX_WAIT_MS does.
+   */
   #sendWhenFree(): void {
-    if (this.#due || this.#inFlight > 0 || this.#batch.length === 0) return;
+    if (this.#due || this.#batch.length === 0) return;
+    if (this.#inFlight > 0) {
+      this.#waitLimit ??= setTimeout(this.#sendAnyway, MAX_WAIT_MS);
+      return;
+    }
     this.#due = true;
     setImmediate(this.#send);
   }
 
   readonly #send = (): void => {
     this.#due = false;
-    if (this.#inFlight === 0 && this.#batch.length > 0) this.#run(this.#take());
+    if (this.#inFlight === 0) {
+      if (this.#batch.length > 0) this.#run(this.#take());
+    } else this.#sendWhenFree();
+  };
+
+  readonly #sendAnyway = (): void => {
+    this.#waitLimit = undefined;
+    if (this.#batch.length > 0) this.#run(this.#take());
   };
 
   #take(): Pending[] {
+    clearTimeout(this.#waitLimit);
+    this.#waitLimit = undefined;
     const batch = this.#batch;
     this.#batch = [];
     return batch;
@@ -121,20 +146,9 @@ export class ConsumeBatcher {
         const { hourStart, dayStart } = (batch[0] as Pending).request;
         const failure = this.#ledger.failed(receipt, { keys: batch.map((p) => p.key), hourStart, dayStart }, err);
         for (const pending of batch) pending.reject(failure);
-        // Redis refusing this script says nothing of the next call; a timeout or a lost connection does.
-        if (failure.kind === 'reply') this.#sendWhenFree();
-        else this.#failWaiting(failure);
+        this.#sendWhenFree();
       },
     );
-  }
-
-  /** The requests waiting for the next call fail with the one before them, unsent. */
-  #failWaiting(cause: StoreUnavailableError): void {
-    if (this.#inFlight > 0) return;
-    const unsent = new StoreUnavailableError(cause.kind, `not sent, the call before it failed: ${cause.message}`, {
-      cause,
-    });
-    for (const pending of this.#take()) pending.reject(unsent);
   }
 }
 

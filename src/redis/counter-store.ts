@@ -11,9 +11,10 @@ import { ReceiptLedger } from './receipt-ledger.js';
  * window, and the receipts of its last calls. The key's hash tag is the API-key hash, so all
  * rows of one key live in one Redis Cluster slot and a reset or usage read is one round trip too.
  *
- * Three parts, one client: the batcher counts requests (one script call per turn of the event
- * loop), the receipt ledger takes back the units of calls whose answer never came, and the
- * outage merge adds what the instance admitted without Redis.
+ * Three parts, one client: the batcher counts requests (one script call out at a time, for the
+ * requests that came while the one before it was out), the receipt ledger takes back the units
+ * of calls whose answer never came, and the outage merge adds what the instance admitted
+ * without Redis.
  */
 export class RedisCounterStore implements CounterStore {
   readonly #client: RedisClient;

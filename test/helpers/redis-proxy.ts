@@ -4,11 +4,14 @@ import net from 'node:net';
  * A TCP proxy in front of a Redis of the test's own. While `loseReplies` is on, the first
  * bytes Redis sends back on a connection are thrown away and that connection is closed: the
  * command reached Redis and ran, but its client never hears the answer (what a Redis killed
- * between executing a command and writing its reply looks like to the client).
+ * between executing a command and writing its reply looks like to the client). While
+ * `delayRepliesMs` is above 0, every answer reaches its client that much later, in order (a slow
+ * Redis that still answers).
  */
 export interface RedisProxy {
   readonly url: string;
   loseReplies: boolean;
+  delayRepliesMs: number;
   /** Connections closed because a reply was lost. */
   readonly lost: number;
   close(): Promise<void>;
@@ -16,7 +19,7 @@ export interface RedisProxy {
 
 export async function startRedisProxy(redisPort: number): Promise<RedisProxy> {
   const sockets = new Set<net.Socket>();
-  const state = { loseReplies: false, lost: 0 };
+  const state = { loseReplies: false, delayRepliesMs: 0, lost: 0 };
   const server = net.createServer((client) => {
     const upstream = net.connect(redisPort, '127.0.0.1');
     for (const s of [client, upstream]) {
@@ -34,7 +37,8 @@ export async function startRedisProxy(redisPort: number): Promise<RedisProxy> {
         upstream.destroy();
         return;
       }
-      client.write(chunk);
+      if (state.delayRepliesMs > 0) setTimeout(() => client.write(chunk), state.delayRepliesMs);
+      else client.write(chunk);
     });
   });
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
@@ -46,6 +50,12 @@ export async function startRedisProxy(redisPort: number): Promise<RedisProxy> {
     },
     set loseReplies(on: boolean) {
       state.loseReplies = on;
+    },
+    get delayRepliesMs() {
+      return state.delayRepliesMs;
+    },
+    set delayRepliesMs(ms: number) {
+      state.delayRepliesMs = ms;
     },
     get lost() {
       return state.lost;

@@ -1,10 +1,11 @@
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import type { ConsumeRequest, StoreUnavailableError } from '../../src/limits/store.js';
-import { ConsumeBatcher } from '../../src/redis/consume-batcher.js';
+import { ConsumeBatcher, MAX_WAIT_MS } from '../../src/redis/consume-batcher.js';
 import { createRedisClient, type RedisClient } from '../../src/redis/connection.js';
 import { ReceiptLedger } from '../../src/redis/receipt-ledger.js';
 import { request } from '../helpers/store-contract.js';
 import { redisClient, startRedisServer, type RedisProcess } from '../helpers/redis.js';
+import { startRedisProxy } from '../helpers/redis-proxy.js';
 
 /**
  * The per-turn batcher on a Redis of the file's own, whose INFO commandstats count the script
@@ -80,7 +81,7 @@ describe('ConsumeBatcher: script calls', () => {
     const before = request({ keyHash: 'boundary' });
     const after = request({ keyHash: 'boundary', hourStart: before.hourStart + 3600 });
     const other = request({ keyHash: 'boundary-2', hourStart: before.hourStart + 3600 });
-    // The same turn of the event loop: without the split they would share one call and one pair of windows.
+    // Sent together: without the split they would share one call and one pair of windows.
     const counts = await Promise.all([
       batcher.consume('boundary', before),
       batcher.consume('boundary', after),
@@ -101,15 +102,40 @@ describe('ConsumeBatcher: script calls', () => {
     const batcher = new ConsumeBatcher(c, ledger);
     await inspect.call('CLIENT', 'PAUSE', '150', 'WRITE');
     const first = batcher.consume('queued', request({ hourLimit: 100, dayLimit: 100 }));
-    // Three more turns of the event loop while the first call waits on the paused server.
+    // Three more turns of the event loop while the first call waits on the paused server: each
+    // turn would have had a call of its own.
     const later: Array<Promise<unknown>> = [];
     for (let i = 0; i < 3; i++) {
-      await new Promise((resolve) => setTimeout(resolve, 10));
+      await new Promise((resolve) => setImmediate(resolve));
       later.push(batcher.consume('queued', request({ hourLimit: 100, dayLimit: 100 })));
     }
     expect((await first).hour).toBe(1);
     expect((await Promise.all(later)).map((x) => (x as { hour: number }).hour)).toEqual([2, 3, 4]);
     expect(await scriptCalls()).toBe(2);
+  });
+
+  it('does not hold requests behind a slow call for longer than MAX_WAIT_MS: they go in a call of their own', async () => {
+    const proxy = await startRedisProxy(Number(new URL(own.url).port));
+    const slow = createRedisClient({ url: proxy.url, commandTimeoutMs: 2000 });
+    slow.on('error', () => {});
+    await slow.connect();
+    const slowLedger = new ReceiptLedger(slow);
+    const batcher = new ConsumeBatcher(slow, slowLedger);
+    await batcher.consume('slow-warm', request()); // loads the script on this connection
+    const DELAY_MS = 300;
+    proxy.delayRepliesMs = DELAY_MS;
+    const doneAt = (p: Promise<unknown>): Promise<number> => p.then(() => performance.now());
+    const first = doneAt(batcher.consume('slow-a', request()));
+    await new Promise((resolve) => setTimeout(resolve, 30));
+    const second = doneAt(batcher.consume('slow-b', request()));
+    const [firstDone, secondDone] = await Promise.all([first, second]);
+    // Sent MAX_WAIT_MS after it came, its answer follows the first's by about 30 ms: had it waited
+    // for that answer before leaving, a whole DELAY_MS more.
+    expect(secondDone - firstDone).toBeLessThan(30 + MAX_WAIT_MS + DELAY_MS / 2);
+    expect(await inspect.hmget('slow-b', 'hc')).toEqual(['1']);
+    slowLedger.close();
+    slow.disconnect();
+    await proxy.close();
   });
 
   it('with batching off (as on a Cluster), sends each request of a turn alone', async () => {
@@ -161,31 +187,6 @@ describe('ConsumeBatcher: failed calls', () => {
     expect(quickLedger.inDoubt).toBe(0);
     expect(await inspect.hmget('doubt-a', 'hc', 'dc', 'rc')).toEqual(['0', '0', '']);
     expect(await inspect.hmget('doubt-b', 'hc', 'dc', 'rc')).toEqual(['0', '0', '']);
-    quickLedger.close();
-    quick.disconnect();
-  });
-
-  it('fails the requests waiting behind a call that timed out at once, unsent, instead of sending them into a second timeout', async () => {
-    const quick = createRedisClient({ url: own.url, commandTimeoutMs: 100 });
-    quick.on('error', () => {});
-    await quick.connect();
-    const quickLedger = new ReceiptLedger(quick);
-    const batcher = new ConsumeBatcher(quick, quickLedger);
-    await batcher.consume('unsent-warm', request()); // loads the script on this connection
-    await inspect.call('CLIENT', 'PAUSE', '400', 'WRITE');
-    const sent = batcher.consume('unsent-a', request());
-    await new Promise((resolve) => setTimeout(resolve, 20));
-    const waiting = [batcher.consume('unsent-b', request()), batcher.consume('unsent-c', request())];
-    const results = await Promise.allSettled([sent, ...waiting]);
-    const reasons = results.map((r) => (r as PromiseRejectedResult).reason as StoreUnavailableError);
-    expect(results.map((r) => r.status)).toEqual(['rejected', 'rejected', 'rejected']);
-    expect(reasons.map((r) => r.kind)).toEqual(['timeout', 'timeout', 'timeout']);
-    expect(reasons.map((r) => r.message.startsWith('not sent'))).toEqual([false, true, true]);
-    // Only the call that was sent is in doubt; the others never reached Redis.
-    expect(quickLedger.inDoubt).toBe(1);
-    const deadline = Date.now() + 3000;
-    while (quickLedger.inDoubt > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
-    expect(await inspect.exists('unsent-b', 'unsent-c')).toBe(0);
     quickLedger.close();
     quick.disconnect();
   });
