@@ -206,12 +206,14 @@ export interface GatewayProcess {
  * The built gateway (`node dist/main.js`) with a clean environment: only what is set here,
  * so nothing from the caller's shell (a REDIS_URL, WORKERS, GATEWAY_CONFIG…) changes what is
  * measured. Its log goes to /dev/null; stderr is kept for error messages. `nodeArgs` go to
- * node before the script (the CPU profiler's flags with BENCH_PROFILE=1).
+ * node before the script (the CPU profiler's flags with BENCH_PROFILE=1); `entry` is another
+ * build's main.js (`npm run bench:ab`).
  */
 export async function startGateway(
   env: Record<string, string>,
   nodeArgs: readonly string[] = [],
   name = 'gateway',
+  entry = 'dist/main.js',
 ): Promise<GatewayProcess> {
   const [port, adminPort] = [await freePort(), await freePort()];
   const fullEnv: Record<string, string> = {
@@ -225,7 +227,7 @@ export async function startGateway(
   };
   const child = register(
     name,
-    spawn(process.execPath, [...nodeArgs, 'dist/main.js'], {
+    spawn(process.execPath, [...nodeArgs, entry], {
       cwd: REPO_ROOT,
       env: fullEnv,
       stdio: ['ignore', 'ignore', 'pipe'],

@@ -1,0 +1,78 @@
+/**
+ * What `npm run bench:ab` makes of its samples (docs/performance.md "Measuring a small change").
+ * Two processes of the same build differ by up to 5 % in CPU per request, and keep their
+ * difference for their whole life (where V8 placed and compiled things), so a build is measured
+ * as several processes: each process's figure is the median of its rounds, and a build's is the
+ * mean of its processes', shown with their spread so that a difference between builds can be
+ * read against the difference within one.
+ */
+
+/** CPU microseconds per request of one process, one value per measured round. */
+export interface ProcessSamples {
+  readonly build: string;
+  readonly cpuUsPerRequest: readonly number[];
+  readonly reqPerSec: readonly number[];
+}
+
+export interface BuildSummary {
+  readonly build: string;
+  /** Mean over the build's processes of each process's median round. */
+  readonly cpuUsPerRequest: number;
+  /** The lowest and highest of those process medians. */
+  readonly processRange: readonly [number, number];
+  readonly reqPerSec: number;
+  /** cpuUsPerRequest less the first build's (negative: cheaper). */
+  readonly difference: number;
+  /** difference as a share of the first build's figure. */
+  readonly relative: number;
+}
+
+export function median(values: readonly number[]): number {
+  if (values.length === 0) return Number.NaN;
+  const sorted = [...values].sort((a, b) => a - b);
+  const middle = Math.floor(sorted.length / 2);
+  return sorted.length % 2 === 1
+    ? (sorted[middle] as number)
+    : ((sorted[middle - 1] as number) + (sorted[middle] as number)) / 2;
+}
+
+function average(values: readonly number[]): number {
+  return values.reduce((sum, v) => sum + v, 0) / values.length;
+}
+
+/** One summary per build, in the order the builds first appear; differences are to the first. */
+export function summariseBuilds(samples: readonly ProcessSamples[]): BuildSummary[] {
+  const builds = [...new Set(samples.map((s) => s.build))];
+  const figures = builds.map((build) => {
+    const processes = samples.filter((s) => s.build === build);
+    const cpu = processes.map((p) => median(p.cpuUsPerRequest));
+    return {
+      build,
+      cpuUsPerRequest: average(cpu),
+      processRange: [Math.min(...cpu), Math.max(...cpu)] as const,
+      reqPerSec: average(processes.map((p) => median(p.reqPerSec))),
+    };
+  });
+  const reference = figures[0]?.cpuUsPerRequest ?? Number.NaN;
+  return figures.map((f) => ({
+    ...f,
+    difference: f.cpuUsPerRequest - reference,
+    relative: (f.cpuUsPerRequest - reference) / reference,
+  }));
+}
+
+/**
+ * The order of the processes under test in one round: rotated by one each round, so that no
+ * process always follows the same one (the one measured just before leaves the machine warmer or
+ * colder for the next).
+ */
+export function roundOrder<T>(processes: readonly T[], round: number): T[] {
+  if (processes.length === 0) return [];
+  const k = round % processes.length;
+  return [...processes.slice(k), ...processes.slice(0, k)];
+}
+
+/** A git ref as a directory name under .bench/builds/. */
+export function buildDirName(ref: string): string {
+  return ref.replace(/[^\w.-]+/g, '_');
+}

@@ -1,0 +1,189 @@
+import { execFileSync } from 'node:child_process';
+import { existsSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import os from 'node:os';
+import { join } from 'node:path';
+import { buildDirName, roundOrder, summariseBuilds, type ProcessSamples } from './ab-stats.js';
+import { writeBenchLimits } from './limits.js';
+import { apiKeys, measure, quoteWorkload, tokenWorkload, type Workload } from './load.js';
+import {
+  REPO_ROOT,
+  clockTicksPerSecond,
+  cpuTicks,
+  forkServer,
+  compileServers,
+  killAllChildrenNow,
+  sleep,
+  startGateway,
+  startRedis,
+  stopAllChildren,
+  type GatewayProcess,
+} from './processes.js';
+
+/**
+ * `npm run bench:ab -- <ref> <ref> …` (docs/performance.md "Measuring a small change"): the CPU
+ * per request of gateway builds side by side, to tell a change of a few per cent from the noise.
+ * Each ref is a git commit, branch or tag, built into .bench/builds/ with this checkout's
+ * node_modules, or `.` for this checkout's own dist/. Every build runs as BENCH_AB_PROCESSES
+ * processes against one Redis and one upstream; the processes under test share CPU 0, the load
+ * generator, the upstream and Redis the other CPUs (with taskset, when the machine has two or
+ * more); the processes take turns, one measurement each per workload and round, in an order
+ * rotated every round. Knobs: BENCH_AB_ROUNDS (6), BENCH_AB_DURATION (s, 2), BENCH_AB_PROCESSES
+ * (3), BENCH_AB_WORKLOADS (quote,token), BENCH_CONNECTIONS (50).
+ */
+
+function knob(name: string, fallback: number, min: number, max: number): number {
+  const raw = process.env[name];
+  if (raw === undefined || raw === '') return fallback;
+  const value = Number(raw);
+  if (!Number.isInteger(value) || value < min || value > max) {
+    process.stderr.write(`${name}=${raw}: must be a whole number from ${min} to ${max}\n`);
+    process.exit(2);
+  }
+  return value;
+}
+
+const ROUNDS = knob('BENCH_AB_ROUNDS', 6, 1, 100);
+const SECONDS = knob('BENCH_AB_DURATION', 2, 1, 60);
+const PROCESSES = knob('BENCH_AB_PROCESSES', 3, 1, 10);
+const CONNECTIONS = knob('BENCH_CONNECTIONS', 50, 1, 1000);
+const log = (line: string): void => void process.stdout.write(line + '\n');
+
+/** The main.js of a ref's build: `.` is this checkout's dist/ (built by the npm script). */
+function buildOf(ref: string): string {
+  if (ref === '.') return join(REPO_ROOT, 'dist', 'main.js');
+  const dir = join(REPO_ROOT, '.bench', 'builds', buildDirName(ref));
+  rmSync(dir, { recursive: true, force: true });
+  mkdirSync(dir, { recursive: true });
+  const files = ['src', 'package.json', 'tsconfig.json', 'tsconfig.build.json'];
+  const tar = execFileSync('git', ['archive', '--format=tar', ref, ...files], { cwd: REPO_ROOT, maxBuffer: 1 << 28 });
+  execFileSync('tar', ['-x', '-C', dir], { input: tar });
+  // Packages resolve from this checkout's node_modules (.bench/ lies inside it).
+  execFileSync(
+    process.execPath,
+    [join(REPO_ROOT, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', dir + '/tsconfig.build.json'],
+    {
+      stdio: 'inherit',
+    },
+  );
+  return join(dir, 'dist', 'main.js');
+}
+
+/** Pins a process and all its threads to the given CPUs; false when taskset is not there. */
+function pin(pid: number, cpus: string): boolean {
+  try {
+    execFileSync('taskset', ['-a', '-pc', cpus, String(pid)], { stdio: 'ignore' });
+    return true;
+  } catch {
+    return false;
+  }
+}
+
+interface UnderTest {
+  readonly build: string;
+  readonly gateway: GatewayProcess;
+}
+
+async function main(): Promise<void> {
+  const refs = process.argv.slice(2);
+  if (refs.length === 0) {
+    process.stderr.write('usage: npm run bench:ab -- <git ref or .> [<git ref or .> …]\n');
+    process.exit(2);
+  }
+  const workloadNames = (process.env.BENCH_AB_WORKLOADS ?? 'quote,token').split(',');
+  const keys = apiKeys(64);
+  const all: Record<string, Workload> = { quote: quoteWorkload(keys), token: tokenWorkload(keys) };
+  const workloads = workloadNames.map((name) => {
+    const workload = all[name];
+    if (!workload) throw new Error(`BENCH_AB_WORKLOADS: no workload "${name}" (quote, token)`);
+    return workload;
+  });
+  const entries = refs.map((ref) => ({ ref, main: buildOf(ref) }));
+  for (const { ref, main } of entries) if (!existsSync(main)) throw new Error(`${ref}: no build at ${main}`);
+
+  const cpus = os.cpus().length;
+  // The load generator, the upstream and Redis (started below, so they inherit it) on CPUs 1…n-1.
+  const others = cpus > 2 ? `CPUs 1-${cpus - 1}` : 'CPU 1';
+  const pinned = cpus >= 2 && pin(process.pid, others.replace(/^CPUs? /, ''));
+  log(
+    pinned
+      ? `processes under test on CPU 0; load generator, upstream and Redis on ${others}`
+      : 'not pinned (taskset missing or one CPU): expect more noise',
+  );
+  const tempDir = mkdtempSync(join(os.tmpdir(), 'oapi-bench-ab-'));
+  process.once('exit', () => {
+    killAllChildrenNow();
+    rmSync(tempDir, { recursive: true, force: true });
+  });
+  try {
+    const redis = await startRedis(tempDir);
+    const upstream = await forkServer('upstream', compileServers(), 'upstream.js');
+    const limits = writeBenchLimits(tempDir);
+    const underTest: UnderTest[] = [];
+    for (let p = 0; p < PROCESSES; p++) {
+      for (const { ref, main } of entries) {
+        const env = {
+          REDIS_URL: redis.url,
+          REDIS_KEY_PREFIX: `oapi-ab-${underTest.length}:`,
+          EQT_BRIDGE_URL: upstream.url,
+          FNO_BRIDGE_URL: upstream.url,
+          API_KEY_MODE: 'any',
+          LOG_LEVEL: 'info',
+          LIMITS_FILE: limits,
+        };
+        const gateway = await startGateway(env, [], `${ref} #${p + 1}`, main);
+        if (pinned) pin(gateway.child.pid, '0');
+        underTest.push({ build: ref, gateway });
+      }
+    }
+    const ticks = clockTicksPerSecond();
+    // Per workload, per process under test: one CPU and one req/s figure per measured round.
+    const samples = new Map<string, Map<UnderTest, { cpu: number[]; rps: number[] }>>(
+      workloads.map((w) => [w.name, new Map(underTest.map((t) => [t, { cpu: [], rps: [] }]))]),
+    );
+    log(`${ROUNDS} rounds of ${SECONDS} s per process and workload after a warm-up, ${CONNECTIONS} connections`);
+    for (let round = 0; round <= ROUNDS; round++) {
+      for (const workload of workloads) {
+        for (const target of roundOrder(underTest, round)) {
+          const before = cpuTicks(target.gateway.child.pid);
+          const m = await measure(target.gateway.url, workload.requests, {
+            connections: CONNECTIONS,
+            seconds: SECONDS,
+          });
+          await sleep(200);
+          const cpu = ((cpuTicks(target.gateway.child.pid) - before) / ticks / Math.max(1, m.completed)) * 1e6;
+          const bad = Object.entries(m.statusCounts).filter(([status]) => status !== '200');
+          if (bad.length > 0) throw new Error(`${target.build}: answers other than 200: ${JSON.stringify(bad)}`);
+          if (round === 0) continue; // warm-up
+          const mine = samples.get(workload.name)?.get(target);
+          mine?.cpu.push(cpu);
+          mine?.rps.push(m.reqPerSec);
+        }
+      }
+      if (round > 0) log(`  round ${round}/${ROUNDS} done`);
+    }
+    for (const workload of workloads) {
+      // In the order the refs were given: the first is the reference.
+      const processSamples: ProcessSamples[] = underTest
+        .map((target) => ({ target, s: samples.get(workload.name)?.get(target) }))
+        .sort((a, b) => refs.indexOf(a.target.build) - refs.indexOf(b.target.build))
+        .map(({ target, s }) => ({ build: target.build, cpuUsPerRequest: s?.cpu ?? [], reqPerSec: s?.rps ?? [] }));
+      log('');
+      log(`${workload.label}: CPU µs per request (mean of ${PROCESSES} processes' medians, their range), req/s`);
+      for (const [i, b] of summariseBuilds(processSamples).entries()) {
+        const sign = b.difference >= 0 ? '+' : '';
+        const diff =
+          i === 0 ? '(reference)' : `${sign}${b.difference.toFixed(1)} µs (${sign}${(b.relative * 100).toFixed(1)} %)`;
+        log(
+          `  ${b.build.padEnd(24)} ${b.cpuUsPerRequest.toFixed(1).padStart(7)}  [${b.processRange[0].toFixed(1)}–${b.processRange[1].toFixed(1)}]  ${b.reqPerSec.toFixed(0).padStart(7)} req/s  ${diff}`,
+        );
+      }
+    }
+  } finally {
+    await stopAllChildren();
+  }
+}
+
+main().catch((err: unknown) => {
+  process.stderr.write(`bench:ab failed: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
+  process.exitCode = 1;
+});

@@ -1,0 +1,41 @@
+import { describe, expect, it } from 'vitest';
+import { buildDirName, median, roundOrder, summariseBuilds } from '../../bench/ab-stats.js';
+
+describe('bench:ab comparison', () => {
+  it('takes each process’s median round, a build’s mean over its processes, and differences to the first build', () => {
+    const summary = summariseBuilds([
+      // One round of the first process was disturbed (80): its median ignores it.
+      { build: 'main', cpuUsPerRequest: [70, 71, 80], reqPerSec: [1000, 1010, 900] },
+      { build: 'main', cpuUsPerRequest: [74, 73, 75], reqPerSec: [950, 960, 940] },
+      { build: 'change', cpuUsPerRequest: [66, 67, 65], reqPerSec: [1100, 1090, 1110] },
+      { build: 'change', cpuUsPerRequest: [68, 69, 68], reqPerSec: [1050, 1040, 1060] },
+    ]);
+    expect(summary.map((b) => b.build)).toEqual(['main', 'change']);
+    const [main, change] = summary;
+    expect(main).toMatchObject({ cpuUsPerRequest: 72.5, processRange: [71, 74], reqPerSec: 975, difference: 0 });
+    expect(change).toMatchObject({ cpuUsPerRequest: 67, processRange: [66, 68], reqPerSec: 1075 });
+    expect(change?.difference).toBeCloseTo(-5.5, 10);
+    expect(change?.relative).toBeCloseTo(-5.5 / 72.5, 10);
+  });
+
+  it('finds the median of odd and even counts', () => {
+    expect(median([3, 1, 2])).toBe(2);
+    expect(median([4, 1, 3, 2])).toBe(2.5);
+    expect(median([])).toBeNaN();
+  });
+
+  it('rotates the order of the processes by one each round', () => {
+    expect([0, 1, 2, 3].map((round) => roundOrder(['a', 'b', 'c'], round).join(''))).toEqual([
+      'abc',
+      'bca',
+      'cab',
+      'abc',
+    ]);
+    expect(roundOrder([], 5)).toEqual([]);
+  });
+
+  it('names a build directory after its ref without path separators', () => {
+    expect(buildDirName('origin/main~2')).toBe('origin_main_2');
+    expect(buildDirName('v1.2.3')).toBe('v1.2.3');
+  });
+});
