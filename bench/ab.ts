@@ -48,10 +48,13 @@ const PROCESSES = knob('BENCH_AB_PROCESSES', 3, 1, 10);
 const CONNECTIONS = knob('BENCH_CONNECTIONS', 50, 1, 1000);
 const log = (line: string): void => void process.stdout.write(line + '\n');
 
-/** The main.js of a ref's build: `.` is this checkout's dist/ (built by the npm script). */
-function buildOf(ref: string): string {
+/**
+ * The main.js of a ref's build: `.` is this checkout's dist/ (built by the npm script). Builds go
+ * to .bench/builds/<position>-<ref>, so that two refs never share a directory.
+ */
+function buildOf(ref: string, position: number): string {
   if (ref === '.') return join(REPO_ROOT, 'dist', 'main.js');
-  const dir = join(REPO_ROOT, '.bench', 'builds', buildDirName(ref));
+  const dir = join(REPO_ROOT, '.bench', 'builds', `${position + 1}-${buildDirName(ref)}`);
   rmSync(dir, { recursive: true, force: true });
   mkdirSync(dir, { recursive: true });
   const files = ['src', 'package.json', 'tsconfig.json', 'tsconfig.build.json'];
@@ -97,7 +100,9 @@ async function main(): Promise<void> {
     if (!workload) throw new Error(`BENCH_AB_WORKLOADS: no workload "${name}" (quote, token)`);
     return workload;
   });
-  const entries = refs.map((ref) => ({ ref, main: buildOf(ref) }));
+  // A ref given twice (an A/A run) is two builds: the second is labelled ref#2.
+  const labels = refs.map((ref, i) => (refs.indexOf(ref) === i ? ref : `${ref}#${i + 1}`));
+  const entries = refs.map((ref, i) => ({ ref: labels[i] as string, main: buildOf(ref, i) }));
   for (const { ref, main } of entries) if (!existsSync(main)) throw new Error(`${ref}: no build at ${main}`);
 
   const cpus = os.cpus().length;
@@ -165,7 +170,7 @@ async function main(): Promise<void> {
       // In the order the refs were given: the first is the reference.
       const processSamples: ProcessSamples[] = underTest
         .map((target) => ({ target, s: samples.get(workload.name)?.get(target) }))
-        .sort((a, b) => refs.indexOf(a.target.build) - refs.indexOf(b.target.build))
+        .sort((a, b) => labels.indexOf(a.target.build) - labels.indexOf(b.target.build))
         .map(({ target, s }) => ({ build: target.build, cpuUsPerRequest: s?.cpu ?? [], reqPerSec: s?.rps ?? [] }));
       log('');
       log(`${workload.label}: CPU µs per request (mean of ${PROCESSES} processes' medians, their range), req/s`);

@@ -61,7 +61,7 @@ export function totalCalls(counts: CommandCounts): number {
 
 /**
  * Lua scripts Redis ran for the counters. One per request when requests come one at a time; on
- * a single Redis the requests of one event-loop turn share one script call, so fewer under load.
+ * a single Redis the requests that come while a call is out share the next, so fewer under load.
  */
 export function scriptCalls(counts: CommandCounts): number {
   return (counts.evalsha ?? 0) + (counts.eval ?? 0);

@@ -139,6 +139,15 @@ export class Limiter {
    * (docs/performance.md, "Fewer promises per request").
    */
   check(request: LimitRequest): Promise<Decision> {
+    try {
+      return this.#check(request);
+    } catch (err) {
+      // As an async function would: a failure is a rejected promise, never a throw.
+      return Promise.reject(err instanceof Error ? err : new Error(String(err)));
+    }
+  }
+
+  #check(request: LimitRequest): Promise<Decision> {
     const now = this.#clock.now();
     const windows = request.calendar.at(now);
     const { row, limits } = request;

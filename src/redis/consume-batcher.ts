@@ -53,11 +53,19 @@ export class ConsumeBatcher {
   #inFlight = 0;
   /** The next call is due in the next check phase of the event loop (setImmediate). */
   #due = false;
-  /** Sends the waiting requests if the call before them is still out after MAX_WAIT_MS. */
+  readonly #maxWaitMs: number;
+  /** Sends the waiting requests if the call before them is still out after #maxWaitMs. */
   #waitLimit: NodeJS.Timeout | undefined;
 
-  /** `batching`: requests share calls; by default on a single Redis only. */
-  constructor(client: RedisClient, ledger: ReceiptLedger, options: { readonly batching?: boolean } = {}) {
+  /**
+   * `batching`: requests share calls; by default on a single Redis only. `maxWaitMs`: how long
+   * requests wait behind a call that is out (MAX_WAIT_MS; the tests set it).
+   */
+  constructor(
+    client: RedisClient,
+    ledger: ReceiptLedger,
+    options: { readonly batching?: boolean; readonly maxWaitMs?: number } = {},
+  ) {
     // The same script twice: with one key (ioredis routes it by that key on a Cluster), and
     // with the number of keys given per call, for a batch.
     client.defineCommand('oapiConsume', { numberOfKeys: 1, lua: CONSUME_SCRIPT });
@@ -65,6 +73,7 @@ export class ConsumeBatcher {
     this.#client = client as RedisClient & ConsumeCommands;
     this.#ledger = ledger;
     this.#batching = options.batching ?? !(client as Cluster).isCluster;
+    this.#maxWaitMs = options.maxWaitMs ?? MAX_WAIT_MS;
   }
 
   /** Counts one request on the counter `key`, by the rule of countStep. */
@@ -91,7 +100,7 @@ export class ConsumeBatcher {
   #sendWhenFree(): void {
     if (this.#due || this.#batch.length === 0) return;
     if (this.#inFlight > 0) {
-      this.#waitLimit ??= setTimeout(this.#sendAnyway, MAX_WAIT_MS);
+      this.#waitLimit ??= setTimeout(this.#sendAnyway, this.#maxWaitMs);
       return;
     }
     this.#due = true;

@@ -8,7 +8,7 @@ import { redisClient, startRedisServer, type RedisProcess } from '../helpers/red
 import { startRedisProxy } from '../helpers/redis-proxy.js';
 
 /**
- * The per-turn batcher on a Redis of the file's own, whose INFO commandstats count the script
+ * The batcher on a Redis of the file's own, whose INFO commandstats count the script
  * calls (README "Scale and performance" → "Counting costs one round trip").
  */
 
@@ -99,7 +99,8 @@ describe('ConsumeBatcher: script calls', () => {
   });
 
   it('sends one call at a time: the requests that come while a call is out go together in the next one', async () => {
-    const batcher = new ConsumeBatcher(c, ledger);
+    // No wait limit: only the first call's answer may send the next.
+    const batcher = new ConsumeBatcher(c, ledger, { maxWaitMs: 60_000 });
     await inspect.call('CLIENT', 'PAUSE', '150', 'WRITE');
     const first = batcher.consume('queued', request({ hourLimit: 100, dayLimit: 100 }));
     // Three more turns of the event loop while the first call waits on the paused server: each
@@ -114,13 +115,25 @@ describe('ConsumeBatcher: script calls', () => {
     expect(await scriptCalls()).toBe(2);
   });
 
+  it('sends the next call as soon as the one before it is answered', async () => {
+    const batcher = new ConsumeBatcher(c, ledger, { maxWaitMs: 60_000 });
+    const first = batcher.consume('answered', request({ hourLimit: 100, dayLimit: 100 }));
+    // The first call has left (a check phase has passed); this one waits for its answer.
+    await new Promise((resolve) => setImmediate(resolve));
+    const second = batcher.consume('answered', request({ hourLimit: 100, dayLimit: 100 }));
+    const tooLong = new Promise((_, reject) => setTimeout(() => reject(new Error('never sent')), 2000));
+    const counts = await Promise.race([Promise.all([first, second]), tooLong]);
+    expect((counts as Array<{ hour: number }>).map((x) => x.hour)).toEqual([1, 2]);
+    expect(await scriptCalls()).toBe(2);
+  });
+
   it('does not hold requests behind a slow call for longer than MAX_WAIT_MS: they go in a call of their own', async () => {
     const proxy = await startRedisProxy(Number(new URL(own.url).port));
     const slow = createRedisClient({ url: proxy.url, commandTimeoutMs: 2000 });
     slow.on('error', () => {});
     await slow.connect();
     const slowLedger = new ReceiptLedger(slow);
-    const batcher = new ConsumeBatcher(slow, slowLedger);
+    const batcher = new ConsumeBatcher(slow, slowLedger, { maxWaitMs: MAX_WAIT_MS });
     await batcher.consume('slow-warm', request()); // loads the script on this connection
     const DELAY_MS = 300;
     proxy.delayRepliesMs = DELAY_MS;

@@ -337,6 +337,22 @@ describe('Limiter', () => {
     store.failing = new TypeError('bug');
     await expect(check(make(), small)).rejects.toThrow('bug');
   });
+
+  it('answers a failure of its own steps with a rejected promise, never a throw (as an async function would)', async () => {
+    const throwing: CounterStore = {
+      ...store,
+      consume: () => {
+        throw new TypeError('thrown at once');
+      },
+      merge: store.merge.bind(store),
+    };
+    const limiter = new Limiter({ store: throwing, insurance, failureMode: 'insurance', clock });
+    let answer: Promise<Decision> | undefined;
+    expect(() => {
+      answer = check(limiter, small);
+    }).not.toThrow();
+    await expect(answer).rejects.toThrow('thrown at once');
+  });
 });
 
 describe('usage headers', () => {
