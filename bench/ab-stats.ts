@@ -1,8 +1,9 @@
+import { mean, median } from './stats.js';
+
 /**
  * What `npm run bench:ab` makes of its samples (docs/performance.md "Measuring a small change").
  * Two processes of the same build differ by up to 5 % in CPU per request, and keep their
- * difference for their whole life, so a build is measured
- * as several processes: each process's figure is the median of its rounds, and a build's is the
+ * difference for their whole life, so a build is measured as several processes: each process's figure is the median of its rounds, and a build's is the
  * mean of its processes', shown with their spread so that a difference between builds can be
  * read against the difference within one.
  */
@@ -27,19 +28,6 @@ export interface BuildSummary {
   readonly relative: number;
 }
 
-export function median(values: readonly number[]): number {
-  if (values.length === 0) return Number.NaN;
-  const sorted = [...values].sort((a, b) => a - b);
-  const middle = Math.floor(sorted.length / 2);
-  return sorted.length % 2 === 1
-    ? (sorted[middle] as number)
-    : ((sorted[middle - 1] as number) + (sorted[middle] as number)) / 2;
-}
-
-function average(values: readonly number[]): number {
-  return values.reduce((sum, v) => sum + v, 0) / values.length;
-}
-
 /** One summary per build, in the order the builds first appear; differences are to the first. */
 export function summariseBuilds(samples: readonly ProcessSamples[]): BuildSummary[] {
   const builds = [...new Set(samples.map((s) => s.build))];
@@ -48,9 +36,9 @@ export function summariseBuilds(samples: readonly ProcessSamples[]): BuildSummar
     const cpu = processes.map((p) => median(p.cpuUsPerRequest));
     return {
       build,
-      cpuUsPerRequest: average(cpu),
+      cpuUsPerRequest: mean(cpu),
       processRange: [Math.min(...cpu), Math.max(...cpu)] as const,
-      reqPerSec: average(processes.map((p) => median(p.reqPerSec))),
+      reqPerSec: mean(processes.map((p) => median(p.reqPerSec))),
     };
   });
   const reference = figures[0]?.cpuUsPerRequest ?? Number.NaN;

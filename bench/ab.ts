@@ -3,6 +3,7 @@ import { existsSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import { join } from 'node:path';
 import { buildDirName, roundOrder, summariseBuilds, type ProcessSamples } from './ab-stats.js';
+import { KnobError, intKnob } from './knobs.js';
 import { writeBenchLimits } from './limits.js';
 import { apiKeys, measure, quoteWorkload, tokenWorkload, type Workload } from './load.js';
 import {
@@ -31,21 +32,6 @@ import {
  * (3), BENCH_AB_WORKLOADS (quote,token), BENCH_CONNECTIONS (50).
  */
 
-function knob(name: string, fallback: number, min: number, max: number): number {
-  const raw = process.env[name];
-  if (raw === undefined || raw === '') return fallback;
-  const value = Number(raw);
-  if (!Number.isInteger(value) || value < min || value > max) {
-    process.stderr.write(`${name}=${raw}: must be a whole number from ${min} to ${max}\n`);
-    process.exit(2);
-  }
-  return value;
-}
-
-const ROUNDS = knob('BENCH_AB_ROUNDS', 6, 1, 100);
-const SECONDS = knob('BENCH_AB_DURATION', 2, 1, 60);
-const PROCESSES = knob('BENCH_AB_PROCESSES', 3, 1, 10);
-const CONNECTIONS = knob('BENCH_CONNECTIONS', 50, 1, 1000);
 const log = (line: string): void => void process.stdout.write(line + '\n');
 
 /**
@@ -87,6 +73,10 @@ interface UnderTest {
 }
 
 async function main(): Promise<void> {
+  const ROUNDS = intKnob('BENCH_AB_ROUNDS', 6, 1, 100);
+  const SECONDS = intKnob('BENCH_AB_DURATION', 2, 1, 60);
+  const PROCESSES = intKnob('BENCH_AB_PROCESSES', 3, 1, 10);
+  const CONNECTIONS = intKnob('BENCH_CONNECTIONS', 50, 1, 1000);
   const refs = process.argv.slice(2);
   if (refs.length === 0) {
     process.stderr.write('usage: npm run bench:ab -- <git ref or .> [<git ref or .> …]\n');
@@ -189,6 +179,8 @@ async function main(): Promise<void> {
 }
 
 main().catch((err: unknown) => {
-  process.stderr.write(`bench:ab failed: ${err instanceof Error ? (err.stack ?? err.message) : String(err)}\n`);
+  const shown =
+    err instanceof KnobError ? err.message : err instanceof Error ? (err.stack ?? err.message) : String(err);
+  process.stderr.write(`bench:ab failed: ${shown}\n`);
   process.exitCode = 1;
 });

@@ -21,6 +21,7 @@ import {
   stopChild,
 } from './processes.js';
 import { TARGETS, judge, printReport, type BenchResult, type RssByTarget, type TargetName } from './report.js';
+import { KnobError, intKnob } from './knobs.js';
 import { assertAlive, log, runRounds, runSpentKey, smokeTest, type Knobs, type Setup } from './rounds.js';
 
 /**
@@ -34,18 +35,6 @@ import { assertAlive, log, runRounds, runSpentKey, smokeTest, type Knobs, type S
  */
 
 const API_KEY_COUNT = 64;
-
-/** A wrong BENCH_* value: reported in one line, without a stack. */
-class KnobError extends Error {}
-
-function intKnob(name: string, fallback: number, min: number, max: number): number {
-  const raw = process.env[name];
-  if (raw === undefined || raw === '') return fallback;
-  const value = Number(raw);
-  if (!Number.isInteger(value) || value < min || value > max)
-    throw new KnobError(`${name}=${raw}: must be a whole number from ${min} to ${max}`);
-  return value;
-}
 
 function readKnobs(): Knobs {
   const seconds = intKnob('BENCH_DURATION', 5, 1, 600);

@@ -136,7 +136,7 @@ export class Limiter {
   /**
    * The decision on one request. A chain of promises rather than async functions: every request
    * takes this path, and each async frame costs a promise and a resumption of its own
-   * (docs/performance.md, "Fewer promises per request").
+   * (docs/performance.md, change 10).
    */
   check(request: LimitRequest): Promise<Decision> {
     try {

@@ -9,7 +9,7 @@ import type { DestinationStream } from 'pino';
  * sonic-boom's own `minLength` gathers lines by appending each to one growing string and
  * measuring its UTF-8 length again on every line, which flattens and copies the whole pending
  * batch once per line; here a line is only pushed to an array, and a batch is joined once
- * (docs/performance.md, "The access line").
+ * (docs/performance.md, change 9).
  */
 
 /** What the batch is handed to: sonic-boom, or any writable stream in tests. */

@@ -58,7 +58,7 @@ export interface AccessRecord {
  * `pid`, the fields, `msg`; absent fields left out), byte for byte what JSON.stringify would
  * write for them (test/unit/access-log-writer.test.ts checks it on random records): every request
  * has one, and a line put together from its parts costs a fraction of a serializer's walk over
- * an object (docs/performance.md, "The access line"). Every other line goes through pino as usual.
+ * an object (docs/performance.md, change 9). Every other line goes through pino as usual.
  */
 export function accessLogWriter(logger: Logger): (record: AccessRecord) => void {
   const stream = (logger as unknown as Record<symbol, { write(line: string): void } | undefined>)[

@@ -11,9 +11,10 @@ import type { ReceiptLedger } from './receipt-ledger.js';
  * as the one before is answered, or after MAX_WAIT_MS if that answer is slow in coming. Each
  * request still waits on exactly one round trip of its own, but the client and the server handle
  * one command (one write, one read, one reply) per batch instead of one per request, and each
- * counter of the batch is read and written once. (ioredis' own auto-pipelining only joins commands of the same tick,
- * and every connection's request is a tick of its own; it is off, see connection.ts.) On a
- * Cluster the keys of one script must share a slot, so there each request's script goes alone.
+ * counter of the batch is read and written once. (ioredis' own auto-pipelining only joins
+ * commands of the same tick, and every connection's request is a tick of its own; it is off, see
+ * connection.ts.) On a Cluster the keys of one script must share a slot, so there each request's
+ * script goes alone.
  *
  * A request so waits for its counting at most MAX_WAIT_MS longer than REDIS_TIMEOUT_MS
  * (docs/operations.md "Redis"): never for a second timeout behind the first.

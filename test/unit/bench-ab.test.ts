@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import { buildDirName, median, roundOrder, summariseBuilds } from '../../bench/ab-stats.js';
+import { buildDirName, roundOrder, summariseBuilds } from '../../bench/ab-stats.js';
+import { median } from '../../bench/stats.js';
 
 describe('bench:ab comparison', () => {
   it('takes each process’s median round, a build’s mean over its processes, and differences to the first build', () => {
