@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { afterEach, describe, expect, it } from 'vitest';
 import { ROOT, runCli, runCliWithInput } from '../helpers/cli.js';
-import { freePort } from '../helpers/redis.js';
+import { waitForListening } from '../helpers/child-gateway.js';
 
 /** The commands of README "Running it", run as a user runs them (from the built `dist/`). */
 
@@ -74,14 +74,13 @@ describe('npm start', () => {
   });
 
   it('serves without REDIS_URL, warning that in-memory counters suit one instance only, and stops cleanly on SIGTERM', async () => {
-    const port = await freePort();
     const child = spawn(process.execPath, [join(ROOT, 'dist/main.js')], {
       cwd: ROOT,
       env: {
         PATH: process.env.PATH,
         EQT_BRIDGE_URL: 'http://127.0.0.1:1',
         FNO_BRIDGE_URL: 'http://127.0.0.1:2',
-        PORT: String(port),
+        PORT: '0',
         HOST: '127.0.0.1',
         ADMIN_PORT: '0',
         API_KEY_MODE: 'any',
@@ -91,15 +90,14 @@ describe('npm start', () => {
     children.push(child);
     let out = '';
     child.stdout.on('data', (c: Buffer) => (out += c.toString()));
-    const deadline = Date.now() + 8000;
-    while (!out.includes('gateway listening') && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+    const { url } = await waitForListening(child, () => out);
     const warning = out
       .split('\n')
       .filter(Boolean)
       .map((l) => JSON.parse(l) as { level: string; msg: string })
       .find((l) => l.level === 'warn');
     expect(warning?.msg).toBe('REDIS_URL is not set: counters live in this process, which suits one instance only');
-    const reply = await fetch(`http://127.0.0.1:${port}/orders/1`, { headers: { 'X-API-Key': 'k' } });
+    const reply = await fetch(`${url}/orders/1`, { headers: { 'X-API-Key': 'k' } });
     expect(reply.status).toBe(502);
     child.kill('SIGTERM');
     const code = await new Promise((resolve) => child.once('exit', resolve));
@@ -210,11 +208,9 @@ describe('npx oapi-gateway', () => {
 
 describe('npm run sandbox', () => {
   it('prints curl commands that work as pasted', async () => {
-    const port = await freePort();
-    const adminPort = await freePort();
     const child = spawn(process.execPath, [join(ROOT, 'dist/sandbox/main.js')], {
       cwd: ROOT,
-      env: { PATH: process.env.PATH, PORT: String(port), ADMIN_PORT: String(adminPort) },
+      env: { PATH: process.env.PATH, PORT: '0', ADMIN_PORT: '0' },
       stdio: ['ignore', 'pipe', 'pipe'],
     });
     children.push(child);

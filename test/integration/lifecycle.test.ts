@@ -5,9 +5,10 @@ import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
+import { waitForListening, type ListeningLine } from '../helpers/child-gateway.js';
 import { ADMIN_TOKEN } from '../helpers/gateway.js';
 import { send } from '../helpers/http.js';
-import { freePort, redisClient, REDIS_URL, uniquePrefix } from '../helpers/redis.js';
+import { redisClient, REDIS_URL, uniquePrefix } from '../helpers/redis.js';
 
 /** The gateway as a process: SIGHUP reloads, SIGTERM and SIGINT drain and exit 0. */
 
@@ -51,8 +52,6 @@ afterEach(() => {
 async function startProcess(env: Record<string, string> = {}, how: 'node' | 'npm' = 'node') {
   const dir = mkdtempSync(join(tmpdir(), 'oapi-proc-'));
   writeFileSync(join(dir, 'limits.yaml'), LIMITS);
-  const port = await freePort();
-  const adminPort = await freePort();
   const prefix = uniquePrefix('proc');
   const [command, args] =
     how === 'npm' ? ['npm', ['start', '--silent', '--prefix', ROOT]] : [process.execPath, [join(ROOT, 'dist/main.js')]];
@@ -63,9 +62,9 @@ async function startProcess(env: Record<string, string> = {}, how: 'node' | 'npm
       HOME: process.env.HOME,
       // npm runs the script in the package's folder: the table is this test's own.
       LIMITS_FILE: join(dir, 'limits.yaml'),
-      PORT: String(port),
+      PORT: '0',
       HOST: '127.0.0.1',
-      ADMIN_PORT: String(adminPort),
+      ADMIN_PORT: '0',
       ADMIN_TOKEN,
       EQT_BRIDGE_URL: slowUrl,
       FNO_BRIDGE_URL: slowUrl,
@@ -81,16 +80,14 @@ async function startProcess(env: Record<string, string> = {}, how: 'node' | 'npm
   let log = '';
   child.stdout.on('data', (c: Buffer) => (log += c.toString()));
   const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
-  const deadline = Date.now() + 8000;
-  while (!log.includes('gateway listening') && Date.now() < deadline) await new Promise((r) => setTimeout(r, 25));
-  if (!log.includes('gateway listening')) throw new Error(`gateway did not start:\n${log}`);
-  const pid = Number(/"pid":(\d+)/.exec(log)?.[1]);
+  const { url, adminUrl, lines } = await waitForListening(child, () => log);
+  const pid = (lines[0] as ListeningLine).pid;
   if (how === 'npm') gatewayPids.push(pid);
   return {
     child,
     dir,
-    url: `http://127.0.0.1:${port}`,
-    adminUrl: `http://127.0.0.1:${adminPort}`,
+    url,
+    adminUrl,
     prefix,
     log: () => log,
     /** The gateway's own pid (under npm, the child is npm). */

@@ -7,8 +7,9 @@ import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startSandboxBridge } from '../../src/sandbox/bridge.js';
 import { ADMIN_TOKEN, authHeader, startGatewayPair, type GatewayPair, type TestGateway } from '../helpers/gateway.js';
+import { listeningLines, waitForListening } from '../helpers/child-gateway.js';
 import { send } from '../helpers/http.js';
-import { freePort, startRedisServer, uniquePrefix, type RedisProcess } from '../helpers/redis.js';
+import { startRedisServer, uniquePrefix, type RedisProcess } from '../helpers/redis.js';
 
 /** What one request costs Redis, and several processes on one host. */
 
@@ -98,19 +99,15 @@ describe('WORKERS=2', () => {
   beforeAll(async () => {
     dir = mkdtempSync(join(tmpdir(), 'oapi-workers-'));
     writeFileSync(join(dir, 'limits.yaml'), LIMITS);
-    const port = await freePort();
-    const adminPort = await freePort();
     const eqt = await startSandboxBridge('eqt');
-    url = `http://127.0.0.1:${port}`;
-    adminUrl = `http://127.0.0.1:${adminPort}`;
     child = spawn(process.execPath, [new URL('../../dist/main.js', import.meta.url).pathname], {
       cwd: dir,
       env: {
         PATH: process.env.PATH,
         WORKERS: '2',
-        PORT: String(port),
+        PORT: '0',
         HOST: '127.0.0.1',
-        ADMIN_PORT: String(adminPort),
+        ADMIN_PORT: '0',
         ADMIN_TOKEN,
         EQT_BRIDGE_URL: eqt.url,
         FNO_BRIDGE_URL: eqt.url,
@@ -127,20 +124,19 @@ describe('WORKERS=2', () => {
       () => eqt.close(),
       () => eqt.close(),
     );
-    const deadline = Date.now() + 10_000;
-    while ((log.match(/"msg":"gateway listening"/g) ?? []).length < 3 && Date.now() < deadline)
-      await new Promise((r) => setTimeout(r, 50));
+    // Workers that listen on port 0 all get the port the primary picked (Node's cluster docs).
+    ({ url, adminUrl } = await waitForListening(child, () => log, { count: 3 }));
   });
   afterAll(() => {
     if (child.exitCode === null) child.kill('SIGKILL');
   });
 
   it('runs two serving processes and one admin listener, sharing the counters', async () => {
-    const listening = log
-      .split('\n')
-      .filter((l) => l.includes('"msg":"gateway listening"'))
-      .map((l) => JSON.parse(l) as { pid: number; public?: string; admin?: string });
+    const listening = listeningLines(log);
     expect(listening).toHaveLength(3);
+    expect(new Set(listening.filter((l) => l.public).map((l) => l.public))).toEqual(
+      new Set([url.slice('http://'.length)]),
+    );
     expect(listening.filter((l) => l.public && !l.admin)).toHaveLength(2);
     expect(listening.filter((l) => l.admin && !l.public)).toHaveLength(1);
 
@@ -173,12 +169,9 @@ describe('WORKERS=2', () => {
   it('restarts a worker that cannot start with a growing delay, while the other serves (regression: a tight respawn loop)', async () => {
     writeFileSync(join(dir, 'limits.yaml'), 'limits: [oops');
     await new Promise((r) => setTimeout(r, 500));
-    const workerPid = (
-      JSON.parse(
-        log.split('\n').find((l) => l.includes('"msg":"gateway listening"') && l.includes('"public"')) ?? '{}',
-      ) as { pid: number }
-    ).pid;
-    process.kill(workerPid, 'SIGKILL');
+    const workerPid = listeningLines(log).find((l) => l.public)?.pid;
+    expect(workerPid).toBeTypeOf('number');
+    process.kill(workerPid as number, 'SIGKILL');
     const deathsSoFar = (): number => (log.match(/"msg":"worker died; starting another"/g) ?? []).length;
     // The killed one, and at least one that could not start (a worker takes a while to start on a busy machine).
     const killedAt = Date.now();
@@ -193,10 +186,10 @@ describe('WORKERS=2', () => {
     expect(log).toContain('a worker cannot start');
     expect((await send(url, { path: '/orders/1', headers: { 'X-API-Key': 'still' }, agent: false })).status).toBe(200);
     writeFileSync(join(dir, 'limits.yaml'), LIMITS);
-    const deadline = Date.now() + 8000;
-    while ((log.match(/"msg":"gateway listening"/g) ?? []).length < 4 && Date.now() < deadline)
-      await new Promise((r) => setTimeout(r, 100));
-    expect((log.match(/"msg":"gateway listening"/g) ?? []).length).toBe(4);
+    const { lines } = await waitForListening(child, () => log, { count: 4 });
+    expect(lines).toHaveLength(4);
+    // The new worker listens where the others do: the survivor kept the primary's port open.
+    expect(lines[3]?.public).toBe(url.slice('http://'.length));
   });
 
   it('stops every process on SIGTERM and exits 0', async () => {

@@ -96,9 +96,11 @@ describe('a start-up step that fails', () => {
   });
 
   it('(the public port in use) says so in one line naming PORT, and closes the admin listener it had opened', async () => {
-    const [port, adminPort] = [await freePort(), await freePort()];
+    // The blocker takes a port the kernel picks, which no other test can take first.
     const blocker = net.createServer();
-    await new Promise<void>((resolve) => blocker.listen(port, '127.0.0.1', resolve));
+    await new Promise<void>((resolve) => blocker.listen(0, '127.0.0.1', resolve));
+    const port = (blocker.address() as net.AddressInfo).port;
+    const adminPort = await freePort();
     try {
       const err = await start({ PORT: String(port), ADMIN_PORT: String(adminPort) });
       expect(err).toBeInstanceOf(StartupError);
@@ -111,9 +113,9 @@ describe('a start-up step that fails', () => {
   });
 
   it('(the admin port in use) says so in one line naming ADMIN_PORT', async () => {
-    const adminPort = await freePort();
     const blocker = net.createServer();
-    await new Promise<void>((resolve) => blocker.listen(adminPort, '127.0.0.1', resolve));
+    await new Promise<void>((resolve) => blocker.listen(0, '127.0.0.1', resolve));
+    const adminPort = (blocker.address() as net.AddressInfo).port;
     try {
       const err = await start({ ADMIN_PORT: String(adminPort) });
       expect((err as Error).message).toBe(
