@@ -1,5 +1,5 @@
 import pino, { type DestinationStream, type Logger } from 'pino';
-import { batchedDestination } from './log-destination.js';
+import { batchedDestination, type BatchedDestination } from './log-destination.js';
 
 /**
  * JSON lines on stdout (pino). Secrets never reach a line because no line is ever given one:
@@ -11,6 +11,28 @@ import { batchedDestination } from './log-destination.js';
 export type { Logger };
 export type LogLevel = 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' | 'silent';
 
+let stdout: BatchedDestination | undefined;
+
+/**
+ * The process's one stdout destination, shared by every logger in it so their lines keep their
+ * order. Lines are written in batches of 4 KB, or every 100 ms when fewer come: one write call
+ * per dozen lines instead of one per request, and a quiet gateway's lines still appear at once.
+ * A batch is written synchronously: a write of 4 KB costs less than handing it to the thread
+ * pool. What is gathered is written out when the process exits, by process.exit() or a crash
+ * alike ('exit' runs synchronously in both), so the lines before a fatal error are not lost.
+ */
+function stdoutDestination(): BatchedDestination {
+  if (!stdout) {
+    const destination = batchedDestination(pino.destination({ dest: 1, sync: true }), {
+      batchBytes: 4096,
+      flushMs: 100,
+    });
+    process.once('exit', () => destination.flushSync());
+    stdout = destination;
+  }
+  return stdout;
+}
+
 export function createLogger(level: LogLevel, destination?: DestinationStream): Logger {
   const options = {
     level,
@@ -18,14 +40,7 @@ export function createLogger(level: LogLevel, destination?: DestinationStream): 
     // pino's default "time": epoch milliseconds (an ISO string per line costs a Date per request).
     formatters: { level: (label: string) => ({ level: label }) },
   };
-  // Lines are written in batches of 4 KB, or every 100 ms when fewer come: one write call per
-  // dozen lines instead of one per request, and a quiet gateway's lines still appear at once.
-  // The batch is written synchronously: a write of 4 KB costs less than handing it to the
-  // thread pool. The runner flushes what is left at shutdown.
-  return pino(
-    options,
-    destination ?? batchedDestination(pino.destination({ dest: 1, sync: true }), { batchBytes: 4096, flushMs: 100 }),
-  );
+  return pino(options, destination ?? stdoutDestination());
 }
 
 /** The short, non-reversible name of an API key (or of its full SHA-256 hash) used in logs. */
