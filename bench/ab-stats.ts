@@ -13,6 +13,8 @@ export interface ProcessSamples {
   readonly build: string;
   readonly cpuUsPerRequest: readonly number[];
   readonly reqPerSec: readonly number[];
+  /** The process's peak resident set (VmHWM) at the end of the run, MB. */
+  readonly peakRssMB: number;
 }
 
 export interface BuildSummary {
@@ -22,6 +24,8 @@ export interface BuildSummary {
   /** The lowest and highest of those process medians. */
   readonly processRange: readonly [number, number];
   readonly reqPerSec: number;
+  /** Mean over the build's processes of their peak resident set, MB. */
+  readonly peakRssMB: number;
   /** cpuUsPerRequest less the first build's (negative: cheaper). */
   readonly difference: number;
   /** difference as a share of the first build's figure. */
@@ -39,6 +43,7 @@ export function summariseBuilds(samples: readonly ProcessSamples[]): BuildSummar
       cpuUsPerRequest: mean(cpu),
       processRange: [Math.min(...cpu), Math.max(...cpu)] as const,
       reqPerSec: mean(processes.map((p) => median(p.reqPerSec))),
+      peakRssMB: mean(processes.map((p) => p.peakRssMB)),
     };
   });
   const reference = figures[0]?.cpuUsPerRequest ?? Number.NaN;
@@ -63,4 +68,33 @@ export function roundOrder<T>(processes: readonly T[], round: number): T[] {
 /** A git ref as a directory name under .bench/builds/. */
 export function buildDirName(ref: string): string {
   return ref.replace(/[^\w.-]+/g, '_');
+}
+
+/** One build under test: a ref, and the node flags and environment its processes run with. */
+export interface Variant {
+  readonly ref: string;
+  readonly nodeArgs: readonly string[];
+  readonly env: Readonly<Record<string, string>>;
+  /** The ref with its flags and environment, as given: how the report names it. */
+  readonly label: string;
+}
+
+/**
+ * The command line of `npm run bench:ab`: refs, each followed by the node flags (`--…`) and
+ * environment variables (`NAME=value`) its processes run with, so that a flag can be measured
+ * like a change: `. . --max-semi-space-size=8` is this checkout twice, the second with the flag.
+ */
+export function parseVariants(argv: readonly string[]): Variant[] {
+  const variants: Array<{ ref: string; nodeArgs: string[]; env: Record<string, string>; words: string[] }> = [];
+  for (const word of argv) {
+    const last = variants[variants.length - 1];
+    const env = /^([A-Z_][A-Z0-9_]*)=(.*)$/.exec(word);
+    if (word.startsWith('-') || env) {
+      if (!last) throw new Error(`${word}: a node flag or variable comes after the ref it is for`);
+      if (env) last.env[env[1] as string] = env[2] as string;
+      else last.nodeArgs.push(word);
+      last.words.push(word);
+    } else variants.push({ ref: word, nodeArgs: [], env: {}, words: [word] });
+  }
+  return variants.map(({ ref, nodeArgs, env, words }) => ({ ref, nodeArgs, env, label: words.join(' ') }));
 }

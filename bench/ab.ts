@@ -2,7 +2,14 @@ import { execFileSync } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import { join } from 'node:path';
-import { buildDirName, roundOrder, summariseBuilds, type ProcessSamples } from './ab-stats.js';
+import {
+  buildDirName,
+  parseVariants,
+  roundOrder,
+  summariseBuilds,
+  type ProcessSamples,
+  type Variant,
+} from './ab-stats.js';
 import { KnobError, intKnob } from './knobs.js';
 import { writeBenchLimits } from './limits.js';
 import { apiKeys, measure, quoteWorkload, tokenWorkload, type Workload } from './load.js';
@@ -13,6 +20,7 @@ import {
   forkServer,
   compileServers,
   killAllChildrenNow,
+  peakRssMB,
   sleep,
   startGateway,
   startRedis,
@@ -21,10 +29,11 @@ import {
 } from './processes.js';
 
 /**
- * `npm run bench:ab -- <ref> <ref> …` (docs/performance.md "Measuring a small change"): the CPU
- * per request of gateway builds side by side, to tell a change of a few per cent from the noise.
- * Each ref is a git commit, branch or tag, built into .bench/builds/ with this checkout's
- * node_modules, or `.` for this checkout's own dist/. Every build runs as BENCH_AB_PROCESSES
+ * `npm run bench:ab -- <ref> [flags] <ref> [flags] …` (docs/performance.md "Measuring a small
+ * change"): the CPU per request and peak RSS of gateway builds side by side, to tell a change of a
+ * few per cent from the noise. Each ref is a git commit, branch or tag, built into .bench/builds/
+ * with this checkout's node_modules, or `.` for this checkout's own dist/; node flags (`--…`) and
+ * `NAME=value` after a ref are that build's (parseVariants). Every build runs as BENCH_AB_PROCESSES
  * processes against one Redis and one upstream; the processes under test share CPU 0, the load
  * generator, the upstream and Redis the other CPUs (with taskset, when the machine has two or
  * more); the processes take turns, one measurement each per workload and round, in an order
@@ -77,9 +86,15 @@ async function main(): Promise<void> {
   const SECONDS = intKnob('BENCH_AB_DURATION', 2, 1, 60);
   const PROCESSES = intKnob('BENCH_AB_PROCESSES', 3, 1, 10);
   const CONNECTIONS = intKnob('BENCH_CONNECTIONS', 50, 1, 1000);
-  const refs = process.argv.slice(2);
-  if (refs.length === 0) {
-    process.stderr.write('usage: npm run bench:ab -- <git ref or .> [<git ref or .> …]\n');
+  const usage = 'usage: npm run bench:ab -- <git ref or .> [--node-flag …] [NAME=value …] [<git ref or .> …]\n';
+  let variants: Variant[] = [];
+  try {
+    variants = parseVariants(process.argv.slice(2));
+  } catch (err) {
+    process.stderr.write(`bench:ab: ${(err as Error).message}\n`);
+  }
+  if (variants.length === 0) {
+    process.stderr.write(usage);
     process.exit(2);
   }
   const workloadNames = (process.env.BENCH_AB_WORKLOADS ?? 'quote,token').split(',');
@@ -90,9 +105,10 @@ async function main(): Promise<void> {
     if (!workload) throw new Error(`BENCH_AB_WORKLOADS: no workload "${name}" (quote, token)`);
     return workload;
   });
-  // A ref given twice (an A/A run) is two builds: the second is labelled ref#2.
-  const labels = refs.map((ref, i) => (refs.indexOf(ref) === i ? ref : `${ref}#${i + 1}`));
-  const entries = refs.map((ref, i) => ({ ref: labels[i] as string, main: buildOf(ref, i) }));
+  // A build given twice (an A/A run) is two builds: the second is labelled with its position.
+  const given = variants.map((v) => v.label);
+  const labels = given.map((label, i) => (given.indexOf(label) === i ? label : `${label}#${i + 1}`));
+  const entries = variants.map((v, i) => ({ ...v, ref: labels[i] as string, main: buildOf(v.ref, i) }));
   for (const { ref, main } of entries) if (!existsSync(main)) throw new Error(`${ref}: no build at ${main}`);
 
   const cpus = os.cpus().length;
@@ -115,8 +131,9 @@ async function main(): Promise<void> {
     const limits = writeBenchLimits(tempDir);
     const underTest: UnderTest[] = [];
     for (let p = 0; p < PROCESSES; p++) {
-      for (const { ref, main } of entries) {
+      for (const { ref, main, nodeArgs, env: ownEnv } of entries) {
         const env = {
+          ...ownEnv,
           REDIS_URL: redis.url,
           REDIS_KEY_PREFIX: `oapi-ab-${underTest.length}:`,
           EQT_BRIDGE_URL: upstream.url,
@@ -125,12 +142,13 @@ async function main(): Promise<void> {
           LOG_LEVEL: 'info',
           LIMITS_FILE: limits,
         };
-        const gateway = await startGateway(env, [], `${ref} #${p + 1}`, main);
+        const gateway = await startGateway(env, nodeArgs, `${ref} #${p + 1}`, main);
         if (pinned) pin(gateway.child.pid, '0');
         underTest.push({ build: ref, gateway });
       }
     }
     const ticks = clockTicksPerSecond();
+    const width = Math.max(24, ...labels.map((l) => l.length));
     // Per workload, per process under test: one CPU and one req/s figure per measured round.
     const samples = new Map<string, Map<UnderTest, { cpu: number[]; rps: number[] }>>(
       workloads.map((w) => [w.name, new Map(underTest.map((t) => [t, { cpu: [], rps: [] }]))]),
@@ -156,23 +174,35 @@ async function main(): Promise<void> {
       }
       if (round > 0) log(`  round ${round}/${ROUNDS} done`);
     }
+    // Over the whole run, both workloads, as `npm run bench` gives it.
+    const peaks = new Map(underTest.map((t) => [t, peakRssMB(t.gateway.child.pid)]));
+    let summaries: ReturnType<typeof summariseBuilds> = [];
     for (const workload of workloads) {
       // In the order the refs were given: the first is the reference.
       const processSamples: ProcessSamples[] = underTest
         .map((target) => ({ target, s: samples.get(workload.name)?.get(target) }))
         .sort((a, b) => labels.indexOf(a.target.build) - labels.indexOf(b.target.build))
-        .map(({ target, s }) => ({ build: target.build, cpuUsPerRequest: s?.cpu ?? [], reqPerSec: s?.rps ?? [] }));
+        .map(({ target, s }) => ({
+          build: target.build,
+          cpuUsPerRequest: s?.cpu ?? [],
+          reqPerSec: s?.rps ?? [],
+          peakRssMB: peaks.get(target) ?? Number.NaN,
+        }));
+      summaries = summariseBuilds(processSamples);
       log('');
       log(`${workload.label}: CPU µs per request (mean of ${PROCESSES} processes' medians, their range), req/s`);
-      for (const [i, b] of summariseBuilds(processSamples).entries()) {
+      for (const [i, b] of summaries.entries()) {
         const sign = b.difference >= 0 ? '+' : '';
         const diff =
           i === 0 ? '(reference)' : `${sign}${b.difference.toFixed(1)} µs (${sign}${(b.relative * 100).toFixed(1)} %)`;
         log(
-          `  ${b.build.padEnd(24)} ${b.cpuUsPerRequest.toFixed(1).padStart(7)}  [${b.processRange[0].toFixed(1)}–${b.processRange[1].toFixed(1)}]  ${b.reqPerSec.toFixed(0).padStart(7)} req/s  ${diff}`,
+          `  ${b.build.padEnd(width)} ${b.cpuUsPerRequest.toFixed(1).padStart(7)}  [${b.processRange[0].toFixed(1)}–${b.processRange[1].toFixed(1)}]  ${b.reqPerSec.toFixed(0).padStart(7)} req/s  ${diff}`,
         );
       }
     }
+    log('');
+    log(`peak RSS (VmHWM at the end, mean of ${PROCESSES} processes)`);
+    for (const b of summaries) log(`  ${b.build.padEnd(width)} ${b.peakRssMB.toFixed(1).padStart(7)} MB`);
   } finally {
     await stopAllChildren();
   }

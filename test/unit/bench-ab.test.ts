@@ -1,20 +1,26 @@
 import { describe, expect, it } from 'vitest';
-import { buildDirName, roundOrder, summariseBuilds } from '../../bench/ab-stats.js';
+import { buildDirName, parseVariants, roundOrder, summariseBuilds } from '../../bench/ab-stats.js';
 import { median } from '../../bench/stats.js';
 
 describe('bench:ab comparison', () => {
   it('takes each process’s median round, a build’s mean over its processes, and differences to the first build', () => {
     const summary = summariseBuilds([
       // One round of the first process was disturbed (80): its median ignores it.
-      { build: 'main', cpuUsPerRequest: [70, 71, 80], reqPerSec: [1000, 1010, 900] },
-      { build: 'main', cpuUsPerRequest: [74, 73, 75], reqPerSec: [950, 960, 940] },
-      { build: 'change', cpuUsPerRequest: [66, 67, 65], reqPerSec: [1100, 1090, 1110] },
-      { build: 'change', cpuUsPerRequest: [68, 69, 68], reqPerSec: [1050, 1040, 1060] },
+      { build: 'main', cpuUsPerRequest: [70, 71, 80], reqPerSec: [1000, 1010, 900], peakRssMB: 120 },
+      { build: 'main', cpuUsPerRequest: [74, 73, 75], reqPerSec: [950, 960, 940], peakRssMB: 124 },
+      { build: 'change', cpuUsPerRequest: [66, 67, 65], reqPerSec: [1100, 1090, 1110], peakRssMB: 99 },
+      { build: 'change', cpuUsPerRequest: [68, 69, 68], reqPerSec: [1050, 1040, 1060], peakRssMB: 101 },
     ]);
     expect(summary.map((b) => b.build)).toEqual(['main', 'change']);
     const [main, change] = summary;
-    expect(main).toMatchObject({ cpuUsPerRequest: 72.5, processRange: [71, 74], reqPerSec: 975, difference: 0 });
-    expect(change).toMatchObject({ cpuUsPerRequest: 67, processRange: [66, 68], reqPerSec: 1075 });
+    expect(main).toMatchObject({
+      cpuUsPerRequest: 72.5,
+      processRange: [71, 74],
+      reqPerSec: 975,
+      peakRssMB: 122,
+      difference: 0,
+    });
+    expect(change).toMatchObject({ cpuUsPerRequest: 67, processRange: [66, 68], reqPerSec: 1075, peakRssMB: 100 });
     expect(change?.difference).toBeCloseTo(-5.5, 10);
     expect(change?.relative).toBeCloseTo(-5.5 / 72.5, 10);
   });
@@ -38,5 +44,23 @@ describe('bench:ab comparison', () => {
   it('names a build directory after its ref without path separators', () => {
     expect(buildDirName('origin/main~2')).toBe('origin_main_2');
     expect(buildDirName('v1.2.3')).toBe('v1.2.3');
+  });
+
+  it('reads node flags and variables after a ref as that build’s, named as given', () => {
+    expect(
+      parseVariants(['main', '.', '--max-semi-space-size=8', 'MALLOC_ARENA_MAX=2', '.', '--liftoff-only']),
+    ).toEqual([
+      { ref: 'main', nodeArgs: [], env: {}, label: 'main' },
+      {
+        ref: '.',
+        nodeArgs: ['--max-semi-space-size=8'],
+        env: { MALLOC_ARENA_MAX: '2' },
+        label: '. --max-semi-space-size=8 MALLOC_ARENA_MAX=2',
+      },
+      { ref: '.', nodeArgs: ['--liftoff-only'], env: {}, label: '. --liftoff-only' },
+    ]);
+    expect(() => parseVariants(['--liftoff-only', 'main'])).toThrow(
+      '--liftoff-only: a node flag or variable comes after the ref it is for',
+    );
   });
 });
