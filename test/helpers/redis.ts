@@ -68,11 +68,18 @@ export interface RedisProcess {
  * its counters survive a kill and restart.
  */
 export async function startRedisServer(
-  options: { persist?: boolean; args?: string[]; port?: number } = {},
+  options: {
+    persist?: boolean;
+    args?: string[];
+    port?: number;
+    /** Where a port is drawn from when `port` is not given (freePort; a test gives another). */
+    pickPort?: () => Promise<number>;
+  } = {},
 ): Promise<RedisProcess> {
-  const port = options.port ?? (await freePort());
+  const pickPort = options.pickPort ?? freePort;
+  let port = options.port ?? (await pickPort());
   const dir = mkdtempSync(join(tmpdir(), 'oapi-redis-'));
-  const args = [
+  const args = (): string[] => [
     '--port',
     String(port),
     '--bind',
@@ -90,9 +97,14 @@ export async function startRedisServer(
   ];
   let child: ChildProcess | undefined;
 
-  const launch = async (): Promise<void> => {
-    child = spawn('redis-server', args, { stdio: 'ignore' });
-    await waitForPing(port, 5000);
+  /** Starts it; resolves false when it exits before it answers (its port was taken). */
+  const launch = async (): Promise<boolean> => {
+    const started = spawn('redis-server', args(), { stdio: 'ignore' });
+    child = started;
+    const exited = new Promise<false>((resolve) => started.once('exit', () => resolve(false)));
+    const answered = waitForPing(port, 5000).then(() => true);
+    answered.catch(() => {}); // when the exit comes first, the pings that follow fail unheard
+    return Promise.race([answered, exited]);
   };
   const waitExit = (c: ChildProcess | undefined): Promise<void> =>
     new Promise((resolve) => {
@@ -100,7 +112,14 @@ export async function startRedisServer(
       c.once('exit', () => resolve());
     });
 
-  await launch();
+  // A port from freePort() can be taken by another test's socket before redis-server binds it
+  // (connections' local ports come from the same range): then it exits, and another port is tried.
+  let attempts = 1;
+  while (!(await launch())) {
+    if (options.port !== undefined || attempts++ >= 5)
+      throw new Error(`redis-server could not listen on port ${port} (127.0.0.1)`);
+    port = await pickPort();
+  }
   return {
     port,
     url: `redis://127.0.0.1:${port}`,
@@ -113,7 +132,7 @@ export async function startRedisServer(
       await waitExit(c);
     },
     restart: async () => {
-      await launch();
+      if (!(await launch())) throw new Error(`redis-server could not listen on port ${port} again (127.0.0.1)`);
     },
     stop: async () => {
       const c = child;
