@@ -18,8 +18,10 @@ let stdout: BatchedDestination | undefined;
  * order. Lines are written in batches of 4 KB, or every 100 ms when fewer come: one write call
  * per dozen lines instead of one per request, and a quiet gateway's lines still appear at once.
  * A batch is written synchronously: a write of 4 KB costs less than handing it to the thread
- * pool. What is gathered is written out when the process exits, by process.exit() or a crash
- * alike ('exit' runs synchronously in both), so the lines before a fatal error are not lost.
+ * pool. What is gathered is written out on the process's 'exit' event: a normal end,
+ * process.exit() (the gateway's own after SIGTERM or SIGINT), an uncaught exception or
+ * unhandled rejection. A process killed outright (SIGKILL) or ended by a fatal V8 error (out of
+ * memory) has no 'exit' event, and loses up to 100 ms of lines (docs/operations.md "Logs").
  */
 function stdoutDestination(): BatchedDestination {
   if (!stdout) {
@@ -27,7 +29,14 @@ function stdoutDestination(): BatchedDestination {
       batchBytes: 4096,
       flushMs: 100,
     });
-    process.once('exit', () => destination.flushSync());
+    process.once('exit', () => {
+      try {
+        destination.flushSync();
+      } catch {
+        // stdout is gone (closed, or a broken pipe): the lines cannot be written anywhere, and an
+        // exception here would change the exit code.
+      }
+    });
     stdout = destination;
   }
   return stdout;

@@ -9,12 +9,36 @@ export interface ListeningLine {
   readonly admin?: string;
 }
 
-/** The "gateway listening" lines of a log so far. */
+/** Everything a child process has written so far, stdout and stderr apart. */
+export interface ChildOutput {
+  stdout(): string;
+  stderr(): string;
+}
+
+/** Starts gathering a child's stdout and stderr (both must be pipes). */
+export function outputOf(child: ChildProcess): ChildOutput {
+  let stdout = '';
+  let stderr = '';
+  child.stdout?.on('data', (c: Buffer) => (stdout += c.toString()));
+  child.stderr?.on('data', (c: Buffer) => (stderr += c.toString()));
+  return { stdout: () => stdout, stderr: () => stderr };
+}
+
+/**
+ * The "gateway listening" lines of a log so far. Only whole lines are read: the last one may
+ * still be arriving.
+ */
 export function listeningLines(log: string): ListeningLine[] {
-  return log
+  const whole = log.slice(0, log.lastIndexOf('\n') + 1);
+  return whole
     .split('\n')
     .filter((l) => l.includes('"msg":"gateway listening"'))
     .map((l) => JSON.parse(l) as ListeningLine);
+}
+
+/** `host:port` as a URL to connect to: a wildcard address is reached on loopback. */
+function urlOf(bound: string): string {
+  return `http://${bound.replace(/^0\.0\.0\.0:/, '127.0.0.1:').replace(/^\[::\]:/, '[::1]:')}`;
 }
 
 /**
@@ -22,23 +46,38 @@ export function listeningLines(log: string): ListeningLine[] {
  * that it listens, and gives its addresses. Ports the kernel picks at bind time cannot be taken
  * by another test in between, as a port from freePort() can (regression: the WORKERS=2 test
  * found its port taken on a busy CI run and waited for a gateway that never listened).
- * Throws, with everything the process printed, when it exits or the time is up first.
+ * Throws, with everything the process wrote to stdout and stderr, when it exits or the time is
+ * up first.
  */
 export async function waitForListening(
   child: ChildProcess,
-  log: () => string,
+  output: ChildOutput,
   options: { readonly count?: number; readonly timeoutMs?: number } = {},
 ): Promise<{ readonly url: string; readonly adminUrl: string; readonly lines: ListeningLine[] }> {
   const count = options.count ?? 1;
   const deadline = Date.now() + (options.timeoutMs ?? 20_000);
-  let lines = listeningLines(log());
-  while (lines.length < count && child.exitCode === null && child.signalCode === null && Date.now() < deadline) {
+  const gone = (): boolean => child.exitCode !== null || child.signalCode !== null;
+  let lines = listeningLines(output.stdout());
+  while (lines.length < count && !gone() && Date.now() < deadline) {
     await new Promise((r) => setTimeout(r, 25));
-    lines = listeningLines(log());
+    lines = listeningLines(output.stdout());
   }
   const publicAt = lines.find((l) => l.public)?.public;
   const adminAt = lines.find((l) => l.admin)?.admin;
-  if (lines.length < count || !publicAt || !adminAt)
-    throw new Error(`the gateway did not say it listens (${lines.length} of ${count} lines); it printed:\n${log()}`);
-  return { url: `http://${publicAt}`, adminUrl: `http://${adminAt}`, lines };
+  if (lines.length < count || !publicAt || !adminAt) {
+    // 'exit' can come before the pipes are drained: wait (briefly) for 'close' to show it all.
+    if (gone())
+      await new Promise((resolve) => {
+        const timer = setTimeout(resolve, 2000);
+        child.once('close', () => {
+          clearTimeout(timer);
+          resolve(undefined);
+        });
+      });
+    throw new Error(
+      `the gateway did not say it listens (${lines.length} of ${count} lines); ` +
+        `exit ${child.exitCode ?? child.signalCode ?? 'none yet'}\nstdout:\n${output.stdout()}\nstderr:\n${output.stderr()}`,
+    );
+  }
+  return { url: urlOf(publicAt), adminUrl: urlOf(adminAt), lines };
 }

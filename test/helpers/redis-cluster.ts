@@ -1,10 +1,10 @@
-import { execFile, spawn, type ChildProcess } from 'node:child_process';
+import { execFile, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, rmSync } from 'node:fs';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
-import { waitForPing } from './redis.js';
+import { spawnRedis } from './redis.js';
 
 /**
  * A Redis Cluster of the test's own: three masters (no replicas) started with the installed
@@ -102,47 +102,41 @@ export async function startRedisCluster(options: { readyTimeoutMs?: number } = {
 
   /** Starts one node; a port taken between the check and the bind makes it exit, and another is tried. */
   const launch = async (): Promise<void> => {
+    let last = '';
     for (let attempt = 0; attempt < 5; attempt++) {
       const port = await freeClusterPort(new Set(ports));
-      const child = spawn(
-        'redis-server',
-        [
-          '--port',
-          String(port),
-          '--bind',
-          HOST,
-          '--cluster-enabled',
-          'yes',
-          '--cluster-config-file',
-          join(dir, `nodes-${port}.conf`),
-          '--cluster-node-timeout',
-          '5000',
-          '--save',
-          '',
-          '--appendonly',
-          'no',
-          '--dir',
-          dir,
-          '--daemonize',
-          'no',
-          '--loglevel',
-          'warning',
-        ],
-        { stdio: 'ignore' },
-      );
+      const { child, outcome, output } = await spawnRedis(port, [
+        '--port',
+        String(port),
+        '--bind',
+        HOST,
+        '--cluster-enabled',
+        'yes',
+        '--cluster-config-file',
+        join(dir, `nodes-${port}.conf`),
+        '--cluster-node-timeout',
+        '5000',
+        '--save',
+        '',
+        '--appendonly',
+        'no',
+        '--dir',
+        dir,
+        '--daemonize',
+        'no',
+        '--loglevel',
+        'warning',
+      ]);
       children.push(child);
-      const exited = new Promise<'exited'>((resolve) => child.once('exit', () => resolve('exited')));
-      const outcome = await Promise.race([waitForPing(port, 5000).then(() => 'up' as const), exited]).catch(
-        () => 'timeout' as const,
-      );
       if (outcome === 'up') {
         ports.push(port);
         return;
       }
+      last = `${outcome}\n${output()}`;
       child.kill('SIGKILL');
       await waitExit(child);
     }
-    throw new Error('redis-server (cluster mode) did not start after 5 attempts');
+    throw new Error(`redis-server (cluster mode) did not start after 5 attempts; the last: ${last}`);
   };
 
   try {

@@ -97,28 +97,29 @@ export async function startRedisServer(
   ];
   let child: ChildProcess | undefined;
 
-  /** Starts it; resolves false when it exits before it answers (its port was taken). */
-  const launch = async (): Promise<boolean> => {
-    const started = spawn('redis-server', args(), { stdio: 'ignore' });
-    child = started;
-    const exited = new Promise<false>((resolve) => started.once('exit', () => resolve(false)));
-    const answered = waitForPing(port, 5000).then(() => true);
-    answered.catch(() => {}); // when the exit comes first, the pings that follow fail unheard
-    return Promise.race([answered, exited]);
-  };
   const waitExit = (c: ChildProcess | undefined): Promise<void> =>
     new Promise((resolve) => {
       if (!c || c.exitCode !== null || c.signalCode !== null) return resolve();
       c.once('exit', () => resolve());
     });
+  const fail = (message: string): never => {
+    rmSync(dir, { recursive: true, force: true });
+    throw new Error(message);
+  };
 
   // A port from freePort() can be taken by another test's socket before redis-server binds it
-  // (connections' local ports come from the same range): then it exits, and another port is tried.
-  let attempts = 1;
-  while (!(await launch())) {
-    if (options.port !== undefined || attempts++ >= 5)
-      throw new Error(`redis-server could not listen on port ${port} (127.0.0.1)`);
-    port = await pickPort();
+  // (connections' local ports come from the same range): then it says so and exits, and another
+  // port is tried. Any other failure is reported with what redis-server printed.
+  for (let attempt = 1; ; attempt++) {
+    const started = await spawnRedis(port, args());
+    child = started.child;
+    if (started.outcome === 'up') break;
+    if (started.outcome === 'exited' && portTaken(started.output()) && options.port === undefined && attempt < 5) {
+      port = await pickPort();
+      continue;
+    }
+    started.child.kill('SIGKILL');
+    fail(`redis-server on port ${port} (127.0.0.1): ${started.outcome}\n${started.output()}`);
   }
   return {
     port,
@@ -132,7 +133,12 @@ export async function startRedisServer(
       await waitExit(c);
     },
     restart: async () => {
-      if (!(await launch())) throw new Error(`redis-server could not listen on port ${port} again (127.0.0.1)`);
+      const started = await spawnRedis(port, args());
+      child = started.child;
+      if (started.outcome !== 'up') {
+        started.child.kill('SIGKILL');
+        throw new Error(`redis-server on port ${port} (127.0.0.1) again: ${started.outcome}\n${started.output()}`);
+      }
     },
     stop: async () => {
       const c = child;
@@ -143,9 +149,62 @@ export async function startRedisServer(
   };
 }
 
-export async function waitForPing(port: number, timeoutMs: number): Promise<void> {
+/** What redis-server prints when its port is in use. */
+export function portTaken(output: string): boolean {
+  return output.includes('Address already in use');
+}
+
+/**
+ * Starts one redis-server and waits until it answers: `up` once PING is answered on `port` by
+ * that very process (not by another test's Redis there), `exited` when it ended first, `timeout`
+ * after `timeoutMs`. What it printed is kept for the error message.
+ */
+export async function spawnRedis(
+  port: number,
+  args: readonly string[],
+  timeoutMs = 5000,
+): Promise<{ child: ChildProcess; outcome: 'up' | 'exited' | 'timeout'; output: () => string }> {
+  const child = spawn('redis-server', [...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+  let output = '';
+  child.stdout?.on('data', (c: Buffer) => (output += c.toString()));
+  child.stderr?.on('data', (c: Buffer) => (output += c.toString()));
+  let ended = false;
+  const exited = new Promise<'exited'>((resolve) =>
+    child.once('exit', () => {
+      ended = true;
+      resolve('exited');
+    }),
+  );
+  const answered = waitForPing(port, timeoutMs, { pid: child.pid, stop: () => ended }).then(
+    (up) => (up ? ('up' as const) : ('exited' as const)),
+    () => 'timeout' as const,
+  );
+  const outcome = await Promise.race([answered, exited]);
+  // 'exit' can come before the pipes are drained.
+  if (outcome === 'exited')
+    await new Promise((resolve) => {
+      const timer = setTimeout(resolve, 2000);
+      child.once('close', () => {
+        clearTimeout(timer);
+        resolve(undefined);
+      });
+    });
+  return { child, outcome, output: () => output };
+}
+
+/**
+ * Resolves true once PING is answered on `port` (by the process `pid`, when given), false when
+ * `stop()` says to give up; rejects after `timeoutMs`. Each try is bounded: a listener that
+ * accepts and never answers does not hold it.
+ */
+export async function waitForPing(
+  port: number,
+  timeoutMs: number,
+  options: { readonly pid?: number | undefined; readonly stop?: () => boolean } = {},
+): Promise<boolean> {
   const deadline = Date.now() + timeoutMs;
   while (Date.now() < deadline) {
+    if (options.stop?.()) return false;
     const client = new Redis({
       port,
       host: '127.0.0.1',
@@ -153,17 +212,22 @@ export async function waitForPing(port: number, timeoutMs: number): Promise<void
       maxRetriesPerRequest: 0,
       retryStrategy: () => null,
       connectTimeout: 500,
+      enableReadyCheck: false,
+      commandTimeout: 500,
     });
     client.on('error', () => {}); // refused until the server is up
     try {
       await client.connect();
       await client.ping();
-      return;
+      if (options.pid === undefined) return true;
+      const pid = Number(/^process_id:(\d+)/m.exec(await client.info('server'))?.[1]);
+      if (pid === options.pid) return true;
     } catch {
-      await new Promise((r) => setTimeout(r, 50));
+      // not up yet
     } finally {
       client.disconnect();
     }
+    await new Promise((r) => setTimeout(r, 50));
   }
   throw new Error(`redis on port ${port} did not answer within ${timeoutMs} ms`);
 }

@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { afterEach, describe, expect, it } from 'vitest';
 import { ROOT, runCli, runCliWithInput } from '../helpers/cli.js';
-import { waitForListening } from '../helpers/child-gateway.js';
+import { outputOf, waitForListening } from '../helpers/child-gateway.js';
 
 /** The commands of README "Running it", run as a user runs them (from the built `dist/`). */
 
@@ -88,10 +88,10 @@ describe('npm start', () => {
       stdio: ['ignore', 'pipe', 'pipe'],
     });
     children.push(child);
-    let out = '';
-    child.stdout.on('data', (c: Buffer) => (out += c.toString()));
-    const { url } = await waitForListening(child, () => out);
-    const warning = out
+    const output = outputOf(child);
+    const { url } = await waitForListening(child, output);
+    const warning = output
+      .stdout()
       .split('\n')
       .filter(Boolean)
       .map((l) => JSON.parse(l) as { level: string; msg: string })

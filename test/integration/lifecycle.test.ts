@@ -5,7 +5,7 @@ import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { waitForListening, type ListeningLine } from '../helpers/child-gateway.js';
+import { outputOf, waitForListening, type ListeningLine } from '../helpers/child-gateway.js';
 import { ADMIN_TOKEN } from '../helpers/gateway.js';
 import { send } from '../helpers/http.js';
 import { redisClient, REDIS_URL, uniquePrefix } from '../helpers/redis.js';
@@ -77,10 +77,9 @@ async function startProcess(env: Record<string, string> = {}, how: 'node' | 'npm
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   children.push(child);
-  let log = '';
-  child.stdout.on('data', (c: Buffer) => (log += c.toString()));
+  const output = outputOf(child);
   const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
-  const { url, adminUrl, lines } = await waitForListening(child, () => log);
+  const { url, adminUrl, lines } = await waitForListening(child, output);
   const pid = (lines[0] as ListeningLine).pid;
   if (how === 'npm') gatewayPids.push(pid);
   return {
@@ -89,7 +88,7 @@ async function startProcess(env: Record<string, string> = {}, how: 'node' | 'npm
     url,
     adminUrl,
     prefix,
-    log: () => log,
+    log: () => output.stdout(),
     /** The gateway's own pid (under npm, the child is npm). */
     pid,
     exited,

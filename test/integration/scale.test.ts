@@ -7,7 +7,7 @@ import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startSandboxBridge } from '../../src/sandbox/bridge.js';
 import { ADMIN_TOKEN, authHeader, startGatewayPair, type GatewayPair, type TestGateway } from '../helpers/gateway.js';
-import { listeningLines, waitForListening } from '../helpers/child-gateway.js';
+import { listeningLines, outputOf, waitForListening, type ChildOutput } from '../helpers/child-gateway.js';
 import { send } from '../helpers/http.js';
 import { startRedisServer, uniquePrefix, type RedisProcess } from '../helpers/redis.js';
 
@@ -94,6 +94,7 @@ describe('WORKERS=2', () => {
   let url: string;
   let adminUrl: string;
   let log = '';
+  let output: ChildOutput;
   let exited: Promise<number | null>;
 
   beforeAll(async () => {
@@ -117,6 +118,8 @@ describe('WORKERS=2', () => {
       },
       stdio: ['ignore', 'pipe', 'pipe'],
     });
+    output = outputOf(child);
+    // Both streams, for the messages the tests look for ("a worker cannot start" is on stderr).
     child.stdout?.on('data', (c: Buffer) => (log += c.toString()));
     child.stderr?.on('data', (c: Buffer) => (log += c.toString()));
     exited = new Promise((resolve) => child.once('exit', (code) => resolve(code)));
@@ -124,15 +127,16 @@ describe('WORKERS=2', () => {
       () => eqt.close(),
       () => eqt.close(),
     );
-    // Workers that listen on port 0 all get the port the primary picked (Node's cluster docs).
-    ({ url, adminUrl } = await waitForListening(child, () => log, { count: 3 }));
+    // Workers that listen on port 0 share one port, which the primary binds for the first of them
+    // and holds while any of them listens (Node's cluster module).
+    ({ url, adminUrl } = await waitForListening(child, output, { count: 3 }));
   });
   afterAll(() => {
     if (child.exitCode === null) child.kill('SIGKILL');
   });
 
   it('runs two serving processes and one admin listener, sharing the counters', async () => {
-    const listening = listeningLines(log);
+    const listening = listeningLines(output.stdout());
     expect(listening).toHaveLength(3);
     expect(new Set(listening.filter((l) => l.public).map((l) => l.public))).toEqual(
       new Set([url.slice('http://'.length)]),
@@ -169,7 +173,7 @@ describe('WORKERS=2', () => {
   it('restarts a worker that cannot start with a growing delay, while the other serves (regression: a tight respawn loop)', async () => {
     writeFileSync(join(dir, 'limits.yaml'), 'limits: [oops');
     await new Promise((r) => setTimeout(r, 500));
-    const workerPid = listeningLines(log).find((l) => l.public)?.pid;
+    const workerPid = listeningLines(output.stdout()).find((l) => l.public)?.pid;
     expect(workerPid).toBeTypeOf('number');
     process.kill(workerPid as number, 'SIGKILL');
     const deathsSoFar = (): number => (log.match(/"msg":"worker died; starting another"/g) ?? []).length;
@@ -186,7 +190,7 @@ describe('WORKERS=2', () => {
     expect(log).toContain('a worker cannot start');
     expect((await send(url, { path: '/orders/1', headers: { 'X-API-Key': 'still' }, agent: false })).status).toBe(200);
     writeFileSync(join(dir, 'limits.yaml'), LIMITS);
-    const { lines } = await waitForListening(child, () => log, { count: 4 });
+    const { lines } = await waitForListening(child, output, { count: 4 });
     expect(lines).toHaveLength(4);
     // The new worker listens where the others do: the survivor kept the primary's port open.
     expect(lines[3]?.public).toBe(url.slice('http://'.length));

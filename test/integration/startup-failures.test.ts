@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import { loadSettings } from '../../src/config/settings.js';
 import { startGateway, StartupError } from '../../src/runner.js';
 import { SHIPPED_LIMITS } from '../helpers/gateway.js';
-import { freePort, redisClient, startRedisServer, type RedisProcess } from '../helpers/redis.js';
+import { redisClient, refusingPort, startRedisServer, type RedisProcess } from '../helpers/redis.js';
 
 /**
  * A start-up step that fails closes everything the steps before it opened (README "Running it"):
@@ -100,7 +100,8 @@ describe('a start-up step that fails', () => {
     const blocker = net.createServer();
     await new Promise<void>((resolve) => blocker.listen(0, '127.0.0.1', resolve));
     const port = (blocker.address() as net.AddressInfo).port;
-    const adminPort = await freePort();
+    // Out of the kernel's range: no other test's socket takes it before the check below.
+    const adminPort = await refusingPort();
     try {
       const err = await start({ PORT: String(port), ADMIN_PORT: String(adminPort) });
       expect(err).toBeInstanceOf(StartupError);

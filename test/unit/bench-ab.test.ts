@@ -48,7 +48,15 @@ describe('bench:ab comparison', () => {
 
   it('reads node flags and variables after a ref as that build’s, named as given', () => {
     expect(
-      parseVariants(['main', '.', '--max-semi-space-size=8', 'MALLOC_ARENA_MAX=2', '.', '--liftoff-only']),
+      parseVariants([
+        'main',
+        '.',
+        '--max-semi-space-size=8',
+        'MALLOC_ARENA_MAX=2',
+        '.',
+        '--liftoff-only',
+        'http_proxy=',
+      ]),
     ).toEqual([
       { ref: 'main', nodeArgs: [], env: {}, label: 'main' },
       {
@@ -57,7 +65,7 @@ describe('bench:ab comparison', () => {
         env: { MALLOC_ARENA_MAX: '2' },
         label: '. --max-semi-space-size=8 MALLOC_ARENA_MAX=2',
       },
-      { ref: '.', nodeArgs: ['--liftoff-only'], env: {}, label: '. --liftoff-only' },
+      { ref: '.', nodeArgs: ['--liftoff-only'], env: { http_proxy: '' }, label: '. --liftoff-only http_proxy=' },
     ]);
     expect(() => parseVariants(['--liftoff-only', 'main'])).toThrow(
       '--liftoff-only: a node flag or variable comes after the ref it is for',
