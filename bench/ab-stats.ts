@@ -88,7 +88,7 @@ export function parseVariants(argv: readonly string[]): Variant[] {
   const variants: Array<{ ref: string; nodeArgs: string[]; env: Record<string, string>; words: string[] }> = [];
   for (const word of argv) {
     const last = variants[variants.length - 1];
-    const env = /^([A-Z_][A-Z0-9_]*)=(.*)$/.exec(word);
+    const env = /^([A-Za-z_][A-Za-z0-9_]*)=(.*)$/.exec(word);
     if (word.startsWith('-') || env) {
       if (!last) throw new Error(`${word}: a node flag or variable comes after the ref it is for`);
       if (env) last.env[env[1] as string] = env[2] as string;

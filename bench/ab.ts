@@ -21,6 +21,7 @@ import {
   compileServers,
   killAllChildrenNow,
   peakRssMB,
+  processTree,
   sleep,
   startGateway,
   startRedis,
@@ -49,6 +50,11 @@ const log = (line: string): void => void process.stdout.write(line + '\n');
  */
 function buildOf(ref: string, position: number): string {
   if (ref === '.') return join(REPO_ROOT, 'dist', 'main.js');
+  try {
+    execFileSync('git', ['rev-parse', '--verify', '--quiet', `${ref}^{commit}`], { cwd: REPO_ROOT, stdio: 'ignore' });
+  } catch {
+    throw new KnobError(`${ref}: not a git commit, branch or tag (a node flag's value goes after "=": --flag=value)`);
+  }
   const dir = join(REPO_ROOT, '.bench', 'builds', `${position + 1}-${buildDirName(ref)}`);
   rmSync(dir, { recursive: true, force: true });
   mkdirSync(dir, { recursive: true });
@@ -133,7 +139,6 @@ async function main(): Promise<void> {
     for (let p = 0; p < PROCESSES; p++) {
       for (const { ref, main, nodeArgs, env: ownEnv } of entries) {
         const env = {
-          ...ownEnv,
           REDIS_URL: redis.url,
           REDIS_KEY_PREFIX: `oapi-ab-${underTest.length}:`,
           EQT_BRIDGE_URL: upstream.url,
@@ -141,6 +146,9 @@ async function main(): Promise<void> {
           API_KEY_MODE: 'any',
           LOG_LEVEL: 'info',
           LIMITS_FILE: limits,
+          // The build's own variables last: they may replace the ones above (HOST, PORT and the
+          // admin listener's are startGateway's).
+          ...ownEnv,
         };
         const gateway = await startGateway(env, nodeArgs, `${ref} #${p + 1}`, main);
         if (pinned) pin(gateway.child.pid, '0');
@@ -175,7 +183,10 @@ async function main(): Promise<void> {
       if (round > 0) log(`  round ${round}/${ROUNDS} done`);
     }
     // Over the whole run, both workloads, as `npm run bench` gives it.
-    const peaks = new Map(underTest.map((t) => [t, peakRssMB(t.gateway.child.pid)]));
+    // With WORKERS=n, the sum of its processes' peaks (an upper bound of their peak together).
+    const peaks = new Map(
+      underTest.map((t) => [t, processTree(t.gateway.child.pid).reduce((sum, pid) => sum + peakRssMB(pid), 0)]),
+    );
     let summaries: ReturnType<typeof summariseBuilds> = [];
     for (const workload of workloads) {
       // In the order the refs were given: the first is the reference.

@@ -1,4 +1,4 @@
-/** A wrong BENCH_* value: reported in one line, without a stack. */
+/** A wrong BENCH_* value or argument: reported in one line, without a stack. */
 export class KnobError extends Error {}
 
 /** A whole-number knob from the environment, `fallback` when unset or empty. */
