@@ -13,8 +13,6 @@ export interface ProcessSamples {
   readonly build: string;
   readonly cpuUsPerRequest: readonly number[];
   readonly reqPerSec: readonly number[];
-  /** The process's peak resident set (VmHWM) at the end of the run, MB. */
-  readonly peakRssMB: number;
 }
 
 export interface BuildSummary {
@@ -24,8 +22,6 @@ export interface BuildSummary {
   /** The lowest and highest of those process medians. */
   readonly processRange: readonly [number, number];
   readonly reqPerSec: number;
-  /** Mean over the build's processes of their peak resident set, MB. */
-  readonly peakRssMB: number;
   /** cpuUsPerRequest less the first build's (negative: cheaper). */
   readonly difference: number;
   /** difference as a share of the first build's figure. */
@@ -43,7 +39,6 @@ export function summariseBuilds(samples: readonly ProcessSamples[]): BuildSummar
       cpuUsPerRequest: mean(cpu),
       processRange: [Math.min(...cpu), Math.max(...cpu)] as const,
       reqPerSec: mean(processes.map((p) => median(p.reqPerSec))),
-      peakRssMB: mean(processes.map((p) => p.peakRssMB)),
     };
   });
   const reference = figures[0]?.cpuUsPerRequest ?? Number.NaN;

@@ -11,6 +11,7 @@ import {
   type Variant,
 } from './ab-stats.js';
 import { KnobError, intKnob } from './knobs.js';
+import { mean } from './stats.js';
 import { writeBenchLimits } from './limits.js';
 import { apiKeys, measure, quoteWorkload, tokenWorkload, type Workload } from './load.js';
 import {
@@ -187,7 +188,6 @@ async function main(): Promise<void> {
     const peaks = new Map(
       underTest.map((t) => [t, processTree(t.gateway.child.pid).reduce((sum, pid) => sum + peakRssMB(pid), 0)]),
     );
-    let summaries: ReturnType<typeof summariseBuilds> = [];
     for (const workload of workloads) {
       // In the order the refs were given: the first is the reference.
       const processSamples: ProcessSamples[] = underTest
@@ -197,12 +197,10 @@ async function main(): Promise<void> {
           build: target.build,
           cpuUsPerRequest: s?.cpu ?? [],
           reqPerSec: s?.rps ?? [],
-          peakRssMB: peaks.get(target) ?? Number.NaN,
         }));
-      summaries = summariseBuilds(processSamples);
       log('');
       log(`${workload.label}: CPU µs per request (mean of ${PROCESSES} processes' medians, their range), req/s`);
-      for (const [i, b] of summaries.entries()) {
+      for (const [i, b] of summariseBuilds(processSamples).entries()) {
         const sign = b.difference >= 0 ? '+' : '';
         const diff =
           i === 0 ? '(reference)' : `${sign}${b.difference.toFixed(1)} µs (${sign}${(b.relative * 100).toFixed(1)} %)`;
@@ -213,7 +211,10 @@ async function main(): Promise<void> {
     }
     log('');
     log(`peak RSS (VmHWM at the end, mean of ${PROCESSES} processes)`);
-    for (const b of summaries) log(`  ${b.build.padEnd(width)} ${b.peakRssMB.toFixed(1).padStart(7)} MB`);
+    for (const label of labels) {
+      const peak = mean(underTest.filter((t) => t.build === label).map((t) => peaks.get(t) ?? Number.NaN));
+      log(`  ${label.padEnd(width)} ${peak.toFixed(1).padStart(7)} MB`);
+    }
   } finally {
     await stopAllChildren();
   }

@@ -105,27 +105,15 @@ export async function startRedisCluster(options: { readyTimeoutMs?: number } = {
     let last = '';
     for (let attempt = 0; attempt < 5; attempt++) {
       const port = await freeClusterPort(new Set(ports));
-      const { child, outcome, output } = await spawnRedis(port, [
-        '--port',
-        String(port),
-        '--bind',
-        HOST,
+      const { child, outcome, output } = await spawnRedis(port, dir, [
         '--cluster-enabled',
         'yes',
         '--cluster-config-file',
         join(dir, `nodes-${port}.conf`),
         '--cluster-node-timeout',
         '5000',
-        '--save',
-        '',
         '--appendonly',
         'no',
-        '--dir',
-        dir,
-        '--daemonize',
-        'no',
-        '--loglevel',
-        'warning',
       ]);
       children.push(child);
       if (outcome === 'up') {

@@ -79,19 +79,7 @@ export async function startRedisServer(
   const pickPort = options.pickPort ?? freePort;
   let port = options.port ?? (await pickPort());
   const dir = mkdtempSync(join(tmpdir(), 'oapi-redis-'));
-  const args = (): string[] => [
-    '--port',
-    String(port),
-    '--bind',
-    '127.0.0.1',
-    '--save',
-    '',
-    '--dir',
-    dir,
-    '--daemonize',
-    'no',
-    '--loglevel',
-    'warning',
+  const args = [
     ...(options.persist ? ['--appendonly', 'yes', '--appendfsync', 'always'] : ['--appendonly', 'no']),
     ...(options.args ?? []),
   ];
@@ -111,7 +99,7 @@ export async function startRedisServer(
   // (connections' local ports come from the same range): then it says so and exits, and another
   // port is tried. Any other failure is reported with what redis-server printed.
   for (let attempt = 1; ; attempt++) {
-    const started = await spawnRedis(port, args());
+    const started = await spawnRedis(port, dir, args);
     child = started.child;
     if (started.outcome === 'up') break;
     if (started.outcome === 'exited' && portTaken(started.output()) && options.port === undefined && attempt < 5) {
@@ -133,7 +121,7 @@ export async function startRedisServer(
       await waitExit(c);
     },
     restart: async () => {
-      const started = await spawnRedis(port, args());
+      const started = await spawnRedis(port, dir, args);
       child = started.child;
       if (started.outcome !== 'up') {
         started.child.kill('SIGKILL');
@@ -155,16 +143,21 @@ export function portTaken(output: string): boolean {
 }
 
 /**
- * Starts one redis-server and waits until it answers: `up` once PING is answered on `port` by
- * that very process (not by another test's Redis there), `exited` when it ended first, `timeout`
- * after `timeoutMs`. What it printed is kept for the error message.
+ * Starts one redis-server on a loopback `port`, keeping its files in `dir` (no snapshots), with
+ * `args` on top, and waits until it answers: `up` once PING is answered on `port` by that very
+ * process (not by another test's Redis there), `exited` when it ended first, `timeout` after
+ * `timeoutMs`. What it printed is kept for the error message.
  */
 export async function spawnRedis(
   port: number,
+  dir: string,
   args: readonly string[],
   timeoutMs = 5000,
 ): Promise<{ child: ChildProcess; outcome: 'up' | 'exited' | 'timeout'; output: () => string }> {
-  const child = spawn('redis-server', [...args], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const common = ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--dir', dir, '--daemonize', 'no'];
+  const child = spawn('redis-server', [...common, '--loglevel', 'warning', ...args], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
   let output = '';
   child.stdout?.on('data', (c: Buffer) => (output += c.toString()));
   child.stderr?.on('data', (c: Buffer) => (output += c.toString()));
