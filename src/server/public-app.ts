@@ -10,6 +10,7 @@ import type { Forwarder } from '../proxy/forwarder.js';
 import type { WebSocketProxy } from '../ws/bridge-proxy.js';
 import type { WebSocketConnections } from '../ws/connections.js';
 import { answer } from './answers.js';
+import { chain, type Unexpected } from './chain.js';
 import { clientAddressOf } from './client-address.js';
 import type { GatewayEnv } from './context.js';
 import { accessLog } from './middleware/access-log.js';
@@ -23,7 +24,7 @@ import { requestId } from './middleware/request-id.js';
 
 /**
  * The public listener's app: a request flows one way through the steps of README "A request, step by step",
- * each a middleware that either answers or passes on.
+ * each a step of one chain (server/chain.ts) that either answers or passes on.
  */
 
 export interface PublicAppDeps {
@@ -43,38 +44,41 @@ export function createPublicApp(deps: PublicAppDeps): Hono<GatewayEnv> {
   const { settings, metrics, logger } = deps;
   const clientAddress = clientAddressOf(settings.trustProxyHops);
   const app = new Hono<GatewayEnv>();
-  app.use(
-    accessLog({ logger, metrics }),
-    requestId(),
-    ...(settings.corsOrigins.length > 0
-      ? [corsHeaders({ origins: settings.corsOrigins, apiKeyHeader: settings.apiKeyHeader })]
-      : []),
-    apiKeyAuth({
-      header: settings.apiKeyHeader,
-      mode: settings.apiKeyMode,
-      registry: deps.registry,
-      guard: deps.guard,
-      metrics,
-      clientAddress,
-    }),
-    matchEndpoint({ table: deps.table, routing: settings }),
-    rateLimit({ limiter: deps.limiter, metrics }),
-    bodyRules({ maxBodyBytes: settings.maxBodyBytes, credentialRoutes: settings.credentialRoutes }),
-  );
-  app.all(
-    '*',
-    forward({
-      forwarder: deps.forwarder,
-      webSocketProxy: deps.webSocketProxy,
-      websockets: deps.websockets,
-      maxBodyBytes: settings.maxBodyBytes,
-      apiKeyHeader: settings.apiKeyHeader,
-      consumerIdHeader: settings.consumerIdHeader,
-    }),
-  );
-  app.onError((err, c) => {
+  const unexpected: Unexpected = (err, c) => {
     logger.error({ err, reqId: c.get('requestId') }, 'unexpected error');
     return answer(c, 'internal', 500, 'Unexpected error');
-  });
+  };
+  app.all(
+    '*',
+    chain(
+      unexpected,
+      accessLog({ logger, metrics }),
+      requestId(),
+      ...(settings.corsOrigins.length > 0
+        ? [corsHeaders({ origins: settings.corsOrigins, apiKeyHeader: settings.apiKeyHeader })]
+        : []),
+      apiKeyAuth({
+        header: settings.apiKeyHeader,
+        mode: settings.apiKeyMode,
+        registry: deps.registry,
+        guard: deps.guard,
+        metrics,
+        clientAddress,
+      }),
+      matchEndpoint({ table: deps.table, routing: settings }),
+      rateLimit({ limiter: deps.limiter, metrics }),
+      bodyRules({ maxBodyBytes: settings.maxBodyBytes, credentialRoutes: settings.credentialRoutes }),
+      forward({
+        forwarder: deps.forwarder,
+        webSocketProxy: deps.webSocketProxy,
+        websockets: deps.websockets,
+        maxBodyBytes: settings.maxBodyBytes,
+        apiKeyHeader: settings.apiKeyHeader,
+        consumerIdHeader: settings.consumerIdHeader,
+      }),
+    ),
+  );
+  // Errors of the chain's first step, or of hono itself, outside the chain's own boundary (server/chain.ts).
+  app.onError(unexpected);
   return app;
 }

@@ -1,8 +1,9 @@
-import type { Context, MiddlewareHandler } from 'hono';
+import type { Context } from 'hono';
 import type { Logger } from '../../observability/logger.js';
 import { accessLogWriter, shortKeyHash } from '../../observability/logger.js';
 import { UNMATCHED, type GatewayMetrics } from '../../observability/metrics.js';
 import type { Decision } from '../../limits/limiter.js';
+import type { Step } from '../chain.js';
 import type { GatewayEnv } from '../context.js';
 
 /**
@@ -11,15 +12,15 @@ import type { GatewayEnv } from '../context.js';
  * key and the limit decision. Never the key, a body, a header or the query string.
  */
 
-export function accessLog(options: { logger: Logger; metrics: GatewayMetrics }): MiddlewareHandler<GatewayEnv> {
+export function accessLog(options: { logger: Logger; metrics: GatewayMetrics }): Step {
   const { logger, metrics } = options;
   const writeLine = accessLogWriter(logger);
-  const written = (c: Context<GatewayEnv>, started: number): void => {
+  const written = (c: Context<GatewayEnv>, started: number, response: Response): void => {
     const ms = performance.now() - started;
     const endpoint = c.get('endpoint');
     const forwarded = c.get('forwarded');
     const answered = c.get('answered');
-    const status = forwarded?.status ?? answered?.status ?? c.res.status;
+    const status = forwarded?.status ?? answered?.status ?? response.status;
     const reason = forwarded?.reason ?? answered?.reason;
     const label = endpoint?.row.route.text ?? c.get('pathRow')?.route.text ?? UNMATCHED;
     metrics.request(label, status, ms / 1000, reason);
@@ -47,7 +48,10 @@ export function accessLog(options: { logger: Logger; metrics: GatewayMetrics }):
   // Not async: the line is written in the chain's own continuation, without an async frame per request.
   return function accessLog(c, next) {
     const started = performance.now();
-    return next().then(() => written(c, started));
+    return next().then((response) => {
+      written(c, started, response);
+      return response;
+    });
   };
 }
 

@@ -1,4 +1,4 @@
-import type { Context, MiddlewareHandler, Next } from 'hono';
+import type { Context } from 'hono';
 import type { ApiKeyMode } from '../../config/settings.js';
 import type { InvalidKeyGuard } from '../../keys/guard.js';
 import type { KeyRegistry } from '../../keys/registry.js';
@@ -6,6 +6,7 @@ import type { GatewayMetrics } from '../../observability/metrics.js';
 import { sha256Hex } from '../../lib/hash.js';
 import { boundedCache } from '../../lib/bounded-cache.js';
 import { answer } from '../answers.js';
+import type { Next, Step } from '../chain.js';
 import type { GatewayEnv } from '../context.js';
 import { requestHeader } from '../request-header.js';
 
@@ -31,7 +32,7 @@ export interface ApiKeyOptions {
   readonly clientAddress: (c: Context<GatewayEnv>) => string;
 }
 
-export function apiKeyAuth(options: ApiKeyOptions): MiddlewareHandler<GatewayEnv> {
+export function apiKeyAuth(options: ApiKeyOptions): Step {
   const { registry, guard, metrics, mode, clientAddress } = options;
   const header = options.header.toLowerCase();
   // Clients send the same key again and again: its hash is computed once.
@@ -64,7 +65,12 @@ export function apiKeyAuth(options: ApiKeyOptions): MiddlewareHandler<GatewayEnv
    * A key this instance does not know yet may have been issued on another one a moment ago. One the
    * store cannot check is no invalid key: it gets a 503 to try again, and never counts as a guess.
    */
-  const resolveThenNext = async (c: Context<GatewayEnv>, next: Next, address: string, keyHash: string) => {
+  const resolveThenNext = async (
+    c: Context<GatewayEnv>,
+    next: Next,
+    address: string,
+    keyHash: string,
+  ): Promise<Response> => {
     const issued = await registry.resolve(keyHash);
     if (issued === 'unavailable') {
       return answer(c, 'redis-unavailable', 503, 'API keys cannot be checked right now', [

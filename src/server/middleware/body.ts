@@ -1,6 +1,7 @@
 import type { IncomingMessage } from 'node:http';
-import type { Context, MiddlewareHandler, Next } from 'hono';
+import type { Context } from 'hono';
 import { answer } from '../answers.js';
+import type { Next, Step } from '../chain.js';
 import type { GatewayEnv } from '../context.js';
 import { requestHeader } from '../request-header.js';
 
@@ -23,12 +24,12 @@ export interface BodyOptions {
   readonly credentialRoutes: ReadonlySet<string>;
 }
 
-export function bodyRules(options: BodyOptions): MiddlewareHandler<GatewayEnv> {
+export function bodyRules(options: BodyOptions): Step {
   const { maxBodyBytes, credentialRoutes } = options;
   const tooLarge = (c: Context<GatewayEnv>): Response =>
     answer(c, 'body-size', 413, `Request body is larger than ${maxBodyBytes} bytes`, [['Connection', 'close']]);
 
-  const credentials = async (c: Context<GatewayEnv>, next: Next): Promise<Response | void> => {
+  const credentials = async (c: Context<GatewayEnv>, next: Next): Promise<Response> => {
     if (!isJsonMediaType(requestHeader(c, 'content-type')))
       return answer(c, 'content-type', 415, 'Content-Type must be application/json');
     const body = await readBody(c, Math.min(maxBodyBytes, MAX_CREDENTIALS_BYTES));

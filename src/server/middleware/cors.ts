@@ -1,8 +1,7 @@
-import type { MiddlewareHandler } from 'hono';
 import { cors } from 'hono/cors';
 import type { HeaderList } from '../../lib/header-list.js';
 import { USAGE_HEADER_NAMES } from '../../limits/headers.js';
-import type { GatewayEnv } from '../context.js';
+import type { Step } from '../chain.js';
 import { requestHeader } from '../request-header.js';
 
 /**
@@ -27,7 +26,7 @@ export const EXPOSED_HEADERS = [...USAGE_HEADER_NAMES, 'Retry-After', 'X-Request
 /** How long a browser may keep a preflight's answer (seconds). */
 const PREFLIGHT_MAX_AGE = 600;
 
-export function corsHeaders(options: CorsOptions): MiddlewareHandler<GatewayEnv> {
+export function corsHeaders(options: CorsOptions): Step {
   const listed = new Set(options.origins);
   const preflight = cors({
     origin: (origin) => (listed.has(origin) ? origin : null),
@@ -52,7 +51,8 @@ export function corsHeaders(options: CorsOptions): MiddlewareHandler<GatewayEnv>
       requestHeader(c, 'access-control-request-method') !== undefined;
     if (isPreflight) {
       c.header('X-Request-Id', c.get('requestId'));
-      if (allowed) return preflight(c, next);
+      // hono's cors answers a preflight itself (a 204 with the CORS fields); it never calls next.
+      if (allowed) return preflight(c, () => next().then(() => undefined)).then((response) => response ?? c.res);
       return Promise.resolve(c.body(null, 204, { Vary: 'Origin' }));
     }
     c.set('corsHeaders', allowed ?? varyOnly);

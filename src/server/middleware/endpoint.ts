@@ -1,9 +1,8 @@
-import type { MiddlewareHandler } from 'hono';
 import type { LimitTable } from '../../limits/limit-table.js';
 import { bridgeFor, type Settings } from '../../config/settings.js';
 import { normaliseTarget } from '../../limits/normalise.js';
 import { answered } from '../answers.js';
-import type { GatewayEnv } from '../context.js';
+import type { Step } from '../chain.js';
 
 /**
  * Step 2 of README "A request, step by step": normalise the path and find its row in the table snapshot in force,
@@ -15,7 +14,7 @@ export interface EndpointOptions {
   readonly routing: Pick<Settings, 'routing'>;
 }
 
-export function matchEndpoint(options: EndpointOptions): MiddlewareHandler<GatewayEnv> {
+export function matchEndpoint(options: EndpointOptions): Step {
   // Not async: a request that matches goes straight on, without a promise of its own.
   return function matchEndpoint(c, next) {
     const table = options.table();

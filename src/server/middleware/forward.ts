@@ -1,10 +1,11 @@
-import type { Context, Handler } from 'hono';
+import type { Context } from 'hono';
 import { RESPONSE_ALREADY_SENT } from '@hono/node-server/utils/response';
 import type { HeaderList } from '../../lib/header-list.js';
 import type { Forwarder } from '../../proxy/forwarder.js';
 import type { WebSocketProxy } from '../../ws/bridge-proxy.js';
 import type { WebSocketConnections } from '../../ws/connections.js';
 import { answer } from '../answers.js';
+import type { Step } from '../chain.js';
 import type { GatewayEnv, UpgradeBinding } from '../context.js';
 import { withoutApiKey } from './api-key.js';
 
@@ -26,7 +27,7 @@ export interface ForwardOptions {
 
 const NO_HEADERS: HeaderList = [];
 
-export function forward(options: ForwardOptions): Handler<GatewayEnv> {
+export function forward(options: ForwardOptions): Step {
   const { forwarder, webSocketProxy, websockets, maxBodyBytes, consumerIdHeader } = options;
   const droppedHeaders: ReadonlySet<string> = new Set(
     [options.apiKeyHeader, consumerIdHeader ?? ''].filter(Boolean).map((name) => name.toLowerCase()),

@@ -1,9 +1,10 @@
-import type { Context, MiddlewareHandler, Next } from 'hono';
+import type { Context } from 'hono';
 import { limitsFor } from '../../limits/limit-table.js';
 import { rateLimitHeaders, retryAfterHeader } from '../../limits/headers.js';
 import type { Decision, Limiter } from '../../limits/limiter.js';
 import type { GatewayMetrics } from '../../observability/metrics.js';
 import { answer } from '../answers.js';
+import type { Next, Step } from '../chain.js';
 import type { GatewayEnv } from '../context.js';
 
 /**
@@ -14,10 +15,10 @@ import type { GatewayEnv } from '../context.js';
 /** An allowed request that leaves less than this share of a window counts as "near the limit". */
 const NEAR_LIMIT_SHARE = 0.1;
 
-export function rateLimit(options: { limiter: Limiter; metrics: GatewayMetrics }): MiddlewareHandler<GatewayEnv> {
+export function rateLimit(options: { limiter: Limiter; metrics: GatewayMetrics }): Step {
   const { limiter, metrics } = options;
 
-  const decided = (c: Context<GatewayEnv>, next: Next, decision: Decision): Promise<Response | void> | Response => {
+  const decided = (c: Context<GatewayEnv>, next: Next, decision: Decision): Promise<Response> | Response => {
     c.set('decision', decision);
     if (decision.kind === 'unavailable') return answer(c, 'redis-unavailable', 503, 'Rate limiting is unavailable');
     if (decision.kind === 'counted') {

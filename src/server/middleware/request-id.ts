@@ -1,6 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import type { MiddlewareHandler } from 'hono';
-import type { GatewayEnv } from '../context.js';
+import type { Step } from '../chain.js';
 import { requestHeader } from '../request-header.js';
 
 /** `X-Request-Id`: the client's own when it is sane (short, plain characters), else a new UUID. */
@@ -21,7 +20,7 @@ export function requestIdSource(): () => string {
   return () => prefix + (counter++).toString(16).padStart(12, '0');
 }
 
-export function requestId(): MiddlewareHandler<GatewayEnv> {
+export function requestId(): Step {
   const nextId = requestIdSource();
   return function requestId(c, next) {
     const given = requestHeader(c, 'x-request-id');
