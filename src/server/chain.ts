@@ -11,9 +11,12 @@ import type { GatewayEnv } from './context.js';
  * what `next()` gives, which is the answer of the steps after it. No step reads or sets `c.res`: a
  * step that wants the answer (the access log) takes it from `next()`.
  *
- * An error thrown or rejected after the first step becomes `unexpected`'s answer, which the first
- * step's `next()` gives, so that the first step (the access log) sees every request's answer; an
- * error in the first step itself reaches the app's `onError` through hono.
+ * Errors: `next()` never throws; a step after it that throws or is rejected makes it rejected, as
+ * hono's would be. After the first step, such an error becomes `unexpected`'s answer, which the
+ * first step's `next()` gives, so that the first step (the access log) sees every request's
+ * answer. An error of the first step itself, or of `unexpected`, is a rejection that hono hands to
+ * the app's `onError`. A second `next()` from one step is refused: it would count and forward the
+ * request twice.
  */
 
 /** A request's context as hono gives it to a handler of any path. */
@@ -31,27 +34,28 @@ export type Unexpected = (err: unknown, c: StepContext) => Response;
 export function chain(unexpected: Unexpected, ...steps: readonly [Step, ...Step[]]): Handler<GatewayEnv, string> {
   const last = steps.length - 1;
   const none: Next = () => Promise.reject(new Error('the last step of the chain has no next step'));
-  const run = (c: StepContext, i: number): Response | Promise<Response> =>
-    (steps[i] as Step)(c, i === last ? none : () => asPromise(run(c, i + 1)));
-  const afterFirst = (c: StepContext): Promise<Response> => {
-    let answer: Response | Promise<Response>;
+  /** Step i with its `next`; a throw becomes a rejection. */
+  const run = (c: StepContext, i: number, next: Next): Promise<Response> => {
     try {
-      answer = run(c, 1);
+      const answer = (steps[i] as Step)(c, next);
+      return answer instanceof Promise ? answer : Promise.resolve(answer);
     } catch (err) {
-      return Promise.resolve(unexpected(err, c));
+      // eslint-disable-next-line @typescript-eslint/prefer-promise-reject-errors -- passed on as thrown, as hono's compose does
+      return Promise.reject(err);
     }
-    return asPromise(answer).catch((err: unknown) => unexpected(err, c));
   };
-  const first = steps[0];
-  if (last === 0)
-    return function chained(c) {
-      return first(c, none);
+  /** The `next` that runs step i (made when the step before it is run); `boundary`: the first step's. */
+  const nextOf = (c: StepContext, i: number, boundary: boolean): Next => {
+    if (i > last) return none;
+    let called = false;
+    return () => {
+      if (called) return Promise.reject(new Error('next() called twice by one step'));
+      called = true;
+      const answer = run(c, i, nextOf(c, i + 1, false));
+      return boundary ? answer.catch((err: unknown) => unexpected(err, c)) : answer;
     };
-  return function chained(c) {
-    return first(c, () => afterFirst(c));
   };
-}
-
-function asPromise(answer: Response | Promise<Response>): Promise<Response> {
-  return answer instanceof Promise ? answer : Promise.resolve(answer);
+  return function chained(c) {
+    return run(c, 0, nextOf(c, 1, true));
+  };
 }

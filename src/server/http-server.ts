@@ -152,7 +152,8 @@ function servingInOrder(
     errorHandler: function malformedRequest() {
       // A request node-server cannot turn into a URL (bad Host header, absolute-form oddities).
       if (converting) return refuse.answer(converting, 400, 'bad-request', 'Malformed request');
-      // Not reached: the app answers its own errors (onError).
+      // Only when the app's own error handler fails: the chain's errors reach it as rejections
+      // (server/chain.ts), after this request's conversion is over.
       return new Response(errorBody(500, 'Internal error'), {
         status: 500,
         headers: { 'Content-Type': 'application/json' },

@@ -87,22 +87,100 @@ describe('chain', () => {
     expect(errors).toEqual(['chain: rejected']);
   });
 
-  it("leaves an error of the first step to the app's onError", async () => {
+  it('turns a throw two steps deep into the unexpected answer, which the first step sees', async () => {
+    const order: string[] = [];
+    const { app, seen, errors } = appOf(passOn(order, 'a'), () => {
+      throw new Error('deep');
+    });
+    const res = await app.request('/x');
+    expect(res.status).toBe(500);
+    expect(order).toEqual(['a']);
+    expect(seen).toEqual([500]);
+    expect(errors).toEqual(['chain: deep']);
+  });
+
+  it("gives a step a rejected next() when a step after it throws at once, so the step's own catch sees it", async () => {
+    const { app, seen, errors } = appOf(
+      (c, next) => next().catch(() => c.text('caught', 418)),
+      () => {
+        throw new Error('at once');
+      },
+    );
+    const res = await app.request('/x');
+    expect(res.status).toBe(418);
+    expect(seen).toEqual([418]);
+    expect(errors).toEqual([]);
+  });
+
+  it('refuses a second next() from one step: the steps after it run once', async () => {
+    let runs = 0;
+    let second: unknown;
+    const { app, seen } = appOf(
+      (_c, next) =>
+        next().then((response) =>
+          next().then(
+            () => response,
+            (err: unknown) => {
+              second = err;
+              return response;
+            },
+          ),
+        ),
+      (c) => {
+        runs++;
+        return c.text('once', 200);
+      },
+    );
+    const res = await app.request('/x');
+    expect(res.status).toBe(200);
+    expect(runs).toBe(1);
+    expect(seen).toEqual([200]);
+    expect((second as Error).message).toBe('next() called twice by one step');
+  });
+
+  it("leaves an error of the first step, thrown or rejected, to the app's onError", async () => {
+    for (const first of [
+      (): Response => {
+        throw new Error('first');
+      },
+      (): Promise<Response> => Promise.reject(new Error('first')),
+    ]) {
+      const app = new Hono<GatewayEnv>();
+      app.all(
+        '*',
+        chain(
+          (_err, c) => c.text('unexpected', 500),
+          first,
+          (c) => c.text('never', 200),
+        ),
+      );
+      app.onError((err, c) => c.text(`onError: ${err.message}`, 500));
+      const res = await app.request('/x');
+      expect(await res.text()).toBe('onError: first');
+    }
+  });
+
+  it("leaves a failure of the unexpected answer itself to the app's onError", async () => {
     const app = new Hono<GatewayEnv>();
-    const unexpected: Unexpected = (_err, c) => c.text('unexpected', 500);
+    const seen: string[] = [];
     app.all(
       '*',
       chain(
-        unexpected,
         () => {
-          throw new Error('first');
+          throw new Error('unexpected failed');
         },
-        (c) => c.text('never', 200),
+        (_c, next) =>
+          next().then((response) => {
+            seen.push('answered');
+            return response;
+          }),
+        () => Promise.reject(new Error('step')),
       ),
     );
     app.onError((err, c) => c.text(`onError: ${err.message}`, 500));
     const res = await app.request('/x');
-    expect(await res.text()).toBe('onError: first');
+    expect(await res.text()).toBe('onError: unexpected failed');
+    expect(seen).toEqual([]);
   });
 
   it('refuses a next() from the last step rather than answering nothing', async () => {
@@ -113,16 +191,19 @@ describe('chain', () => {
     expect(errors).toEqual(['chain: the last step of the chain has no next step']);
   });
 
-  it('a chain of one step is that step', async () => {
+  it("a chain of one step: its answer is the app's, and it has no next step", async () => {
     const app = new Hono<GatewayEnv>();
     app.all(
       '*',
       chain(
         (_err, c) => c.text('unexpected', 500),
-        (c) => c.text('only', 202),
+        (c, next) => (c.req.path === '/next' ? next() : c.text('only', 202)),
       ),
     );
+    app.onError((err, c) => c.text(`onError: ${err.message}`, 500));
     const res = await app.request('/x');
     expect(res.status).toBe(202);
+    expect(await res.text()).toBe('only');
+    expect(await (await app.request('/next')).text()).toBe('onError: the last step of the chain has no next step');
   });
 });

@@ -4,7 +4,7 @@ import { parseLimits } from '../../src/config/load-limits.js';
 import { loadSettings } from '../../src/config/settings.js';
 import { InvalidKeyGuard } from '../../src/keys/guard.js';
 import { KeyRegistry, MemoryIssuedKeyStore } from '../../src/keys/registry.js';
-import { Limiter } from '../../src/limits/limiter.js';
+import { Limiter, type Decision } from '../../src/limits/limiter.js';
 import { MemoryCounterStore } from '../../src/limits/memory-store.js';
 import { createLogger } from '../../src/observability/logger.js';
 import { GatewayMetrics } from '../../src/observability/metrics.js';
@@ -29,7 +29,7 @@ const table = parseLimits(
 );
 if (!table.ok) throw new Error('invalid');
 
-function app(mode: 'any' | 'registered' = 'any') {
+function app(mode: 'any' | 'registered' = 'any', options: { limiter?: Limiter; log?: string[] } = {}) {
   const settings = loadSettings({
     env: {
       EQT_BRIDGE_URL: 'http://127.0.0.1:9',
@@ -40,7 +40,8 @@ function app(mode: 'any' | 'registered' = 'any') {
     cwd: '/nonexistent',
   });
   const metrics = new GatewayMetrics({ defaultMetrics: false });
-  const limiter = new Limiter({ store: new MemoryCounterStore(), failureMode: 'closed' });
+  const limiter = options.limiter ?? new Limiter({ store: new MemoryCounterStore(), failureMode: 'closed' });
+  const log = options.log;
   return createPublicApp({
     settings,
     table: () => (table.ok ? table.table : undefined),
@@ -51,7 +52,17 @@ function app(mode: 'any' | 'registered' = 'any') {
     webSocketProxy: new WebSocketProxy({ bridges: settings.bridges, timeoutMs: 100 }),
     websockets: new WebSocketConnections(metrics),
     metrics,
-    logger: createLogger('silent', new Writable({ write: (_c, _e, cb) => cb() })),
+    logger: log
+      ? createLogger(
+          'info',
+          new Writable({
+            write: (chunk: Buffer, _e, cb) => {
+              log.push(...chunk.toString().split('\n').filter(Boolean));
+              cb();
+            },
+          }),
+        )
+      : createLogger('silent', new Writable({ write: (_c, _e, cb) => cb() })),
   });
 }
 
@@ -101,5 +112,31 @@ describe('the public app, in-process', () => {
     });
     expect(reply.status).toBe(413);
     expect(reply.headers.get('connection')).toBe('close');
+  });
+
+  it('answers a step that fails, at once or later, with the 500 that the access log records', async () => {
+    const failures = {
+      thrown: (): Promise<Decision> => {
+        throw new Error('limiter threw');
+      },
+      rejected: (): Promise<Decision> => Promise.reject(new Error('limiter rejected')),
+    };
+    for (const [how, check] of Object.entries(failures)) {
+      const limiter = new Limiter({ store: new MemoryCounterStore(), failureMode: 'closed' });
+      limiter.check = check;
+      const log: string[] = [];
+      const reply = await app('any', { limiter, log }).request('/orders', { headers: key });
+      expect(reply.status, how).toBe(500);
+      expect(await reply.json(), how).toEqual({ error: 'Internal Server Error', message: 'Unexpected error' });
+      const lines = log.map((line) => JSON.parse(line) as Record<string, unknown>);
+      expect(
+        lines.find((l) => l.msg === 'unexpected error'),
+        how,
+      ).toMatchObject({ level: 'error' });
+      expect(
+        lines.filter((l) => l.status !== undefined),
+        how,
+      ).toEqual([expect.objectContaining({ endpoint: 'GET /orders', status: 500, reason: 'internal' })]);
+    }
   });
 });
