@@ -214,8 +214,31 @@ export async function startGateway(
   nodeArgs: readonly string[] = [],
   name = 'gateway',
   entry = 'dist/main.js',
+  drawPort: () => Promise<number> = freePort,
 ): Promise<GatewayProcess> {
-  const [port, adminPort] = [await freePort(), await freePort()];
+  // A port drawn free can be taken by another process before the gateway binds it (the gateway's
+  // log, which would name the ports of PORT=0, goes to /dev/null here): then new ones are drawn.
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await startGatewayOn([await drawPort(), await drawPort()], env, nodeArgs, name, entry);
+    } catch (err) {
+      if (attempt >= PORT_ATTEMPTS || !(err instanceof Error) || !err.message.includes(PORT_TAKEN)) throw err;
+    }
+  }
+}
+
+/** How often startGateway draws ports before it gives up. */
+const PORT_ATTEMPTS = 3;
+/** What the gateway prints when a port is taken (src/wiring/servers.ts). */
+const PORT_TAKEN = 'the port is already in use';
+
+async function startGatewayOn(
+  [port, adminPort]: [number, number],
+  env: Record<string, string>,
+  nodeArgs: readonly string[],
+  name: string,
+  entry: string,
+): Promise<GatewayProcess> {
   const fullEnv: Record<string, string> = {
     PATH: process.env.PATH ?? '/usr/bin:/bin',
     HOME: process.env.HOME ?? '/tmp',
