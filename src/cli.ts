@@ -179,4 +179,10 @@ async function run(argv: string[]): Promise<number> {
   }
 }
 
+// A reader that stops early (`check | head -2`) closes the pipe: what it did not read is no failure
+// of the command, whose exit code stays its own (a valid table must not read as invalid).
+process.stdout.on('error', (err: NodeJS.ErrnoException) => {
+  if (err.code !== 'EPIPE') throw err;
+});
+
 process.exitCode = await run(process.argv.slice(2));

@@ -120,6 +120,19 @@ describe('npx oapi-gateway', () => {
     expect(stdout).toContain('plan premium: 18 of 18 rows differ from the table');
   });
 
+  it('check keeps its exit code when the reader of its output stops early (regression: `check | head -2` exited 1 with EPIPE)', async () => {
+    // `true` exits at once, before node has started: every write of check meets a closed pipe.
+    const script = 'set -o pipefail; node dist/cli.js check limits.yaml | true';
+    const { stderr } = await run('bash', ['-c', script], { cwd: ROOT });
+    expect(stderr).toBe('');
+    const failed = await run(
+      'bash',
+      ['-c', 'set -o pipefail; node dist/cli.js check test/fixtures/limits/invalid/several-errors.yaml | true'],
+      { cwd: ROOT },
+    ).catch((e: { code: number }) => e);
+    expect((failed as { code: number }).code).toBe(1);
+  });
+
   it('check exits 1 with the errors and their lines', async () => {
     const fixture = join(ROOT, 'test/fixtures/limits/invalid/several-errors.yaml');
     const error = await runCli(['check', fixture]).catch((e: { code: number; stderr: string }) => e);
