@@ -2,7 +2,7 @@ import { mean, median } from './stats.js';
 
 /**
  * What `npm run bench:ab` makes of its samples (docs/performance.md "Measuring a small change").
- * Two processes of the same build differ by up to 5 % in CPU per request, and keep their
+ * Two processes of the same build differ by 5 % and more in CPU per request, and keep their
  * difference for their whole life, so a build is measured as several processes: each process's figure is the median of its rounds, and a build's is the
  * mean of its processes', shown with their spread so that a difference between builds can be
  * read against the difference within one.

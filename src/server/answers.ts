@@ -37,14 +37,3 @@ export function answer(
   for (const [name, value] of headers) out.set(name, value);
   return new Response(errorBody(status, message), { status, headers: out });
 }
-
-/** `answer()` as a middleware's result. */
-export function answered(
-  c: Context,
-  reason: Reason,
-  status: number,
-  message: string,
-  headers: HeaderList = [],
-): Promise<Response> {
-  return Promise.resolve(answer(c, reason, status, message, headers));
-}

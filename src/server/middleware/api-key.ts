@@ -87,7 +87,7 @@ export function apiKeyAuth(options: ApiKeyOptions): Step {
     const address = clientAddress(c);
     c.set('clientAddress', address);
     const blockedMs = guard.blockedFor(address);
-    if (blockedMs > 0) return Promise.resolve(throttled(c, blockedMs));
+    if (blockedMs > 0) return throttled(c, blockedMs);
 
     // Browsers cannot set headers on a WebSocket upgrade: there, and only there, the key may be a query parameter.
     const key = requestHeader(c, header) || (c.env?.upgrade ? apiKeyFromQuery(c.env.incoming.url ?? '') : undefined);

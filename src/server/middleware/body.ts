@@ -47,7 +47,7 @@ export function bodyRules(options: BodyOptions): Step {
   // Not async: a request without a body to check goes straight on.
   return function bodyRules(c, next) {
     const length = requestHeader(c, 'content-length');
-    if (length !== undefined && Number(length) > maxBodyBytes) return Promise.resolve(tooLarge(c));
+    if (length !== undefined && Number(length) > maxBodyBytes) return tooLarge(c);
     if (credentialRoutes.has(c.get('endpoint').route.key)) return credentials(c, next);
     return next();
   };

@@ -53,7 +53,7 @@ export function corsHeaders(options: CorsOptions): Step {
       c.header('X-Request-Id', c.get('requestId'));
       // hono's cors answers a preflight itself (a 204 with the CORS fields); it never calls next.
       if (allowed) return preflight(c, () => next().then(() => undefined)).then((response) => response ?? c.res);
-      return Promise.resolve(c.body(null, 204, { Vary: 'Origin' }));
+      return c.body(null, 204, { Vary: 'Origin' });
     }
     c.set('corsHeaders', allowed ?? varyOnly);
     return next();

@@ -1,7 +1,7 @@
 import type { LimitTable } from '../../limits/limit-table.js';
 import { bridgeFor, type Settings } from '../../config/settings.js';
 import { normaliseTarget } from '../../limits/normalise.js';
-import { answered } from '../answers.js';
+import { answer } from '../answers.js';
 import type { Step } from '../chain.js';
 
 /**
@@ -18,13 +18,13 @@ export function matchEndpoint(options: EndpointOptions): Step {
   // Not async: a request that matches goes straight on, without a promise of its own.
   return function matchEndpoint(c, next) {
     const table = options.table();
-    if (!table) return answered(c, 'internal', 503, 'Limit table not loaded');
+    if (!table) return answer(c, 'internal', 503, 'Limit table not loaded');
     const target = normaliseTarget(c.env?.incoming?.url ?? pathAndQuery(c.req.url));
-    if (!target.ok) return answered(c, 'bad-path', 400, target.reason);
+    if (!target.ok) return answer(c, 'bad-path', 400, target.reason);
 
     const method = c.env?.upgrade ? 'WS' : c.req.method;
     const match = table.matcher.match(method, target.segments);
-    if (match.kind === 'not-found') return answered(c, 'no-route', 404, 'No such endpoint');
+    if (match.kind === 'not-found') return answer(c, 'no-route', 404, 'No such endpoint');
     if (match.kind === 'method-not-allowed') {
       // Labelled with the path's first row in the table, not as "unmatched": the path is one of the table's.
       c.set(
@@ -34,12 +34,12 @@ export function matchEndpoint(options: EndpointOptions): Step {
       const allow = match.allow.filter((m) => m !== 'WS');
       if (allow.length === 0) {
         // RFC 9110 §15.5.22: the resource needs an upgrade to another protocol.
-        return answered(c, 'not-websocket', 426, 'This endpoint is a WebSocket: connect with Upgrade: websocket', [
+        return answer(c, 'not-websocket', 426, 'This endpoint is a WebSocket: connect with Upgrade: websocket', [
           ['Upgrade', 'websocket'],
           ['Connection', 'Upgrade'],
         ]);
       }
-      return answered(c, 'method', 405, 'Method not allowed for this endpoint', [['Allow', allow.join(', ')]]);
+      return answer(c, 'method', 405, 'Method not allowed for this endpoint', [['Allow', allow.join(', ')]]);
     }
     const { route, value: row } = match.entry;
     c.set('table', table);
