@@ -1,21 +1,14 @@
 import { execFileSync } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import { join } from 'node:path';
-import {
-  buildDirName,
-  parseVariants,
-  roundOrder,
-  summariseBuilds,
-  type ProcessSamples,
-  type Variant,
-} from './ab-stats.js';
+import { buildOf } from './builds.js';
+import { parseVariants, roundOrder, summariseBuilds, type ProcessSamples, type Variant } from './ab-stats.js';
 import { KnobError, intKnob } from './knobs.js';
 import { mean } from './stats.js';
 import { writeBenchLimits } from './limits.js';
 import { apiKeys, measure, quoteWorkload, tokenWorkload, type Workload } from './load.js';
 import {
-  REPO_ROOT,
   clockTicksPerSecond,
   cpuTicks,
   forkServer,
@@ -44,34 +37,6 @@ import {
  */
 
 const log = (line: string): void => void process.stdout.write(line + '\n');
-
-/**
- * The main.js of a ref's build: `.` is this checkout's dist/ (built by the npm script). Builds go
- * to .bench/builds/<position>-<ref>, so that two refs never share a directory.
- */
-function buildOf(ref: string, position: number): string {
-  if (ref === '.') return join(REPO_ROOT, 'dist', 'main.js');
-  try {
-    execFileSync('git', ['rev-parse', '--verify', '--quiet', `${ref}^{commit}`], { cwd: REPO_ROOT, stdio: 'ignore' });
-  } catch {
-    throw new KnobError(`${ref}: not a git commit, branch or tag (a node flag's value goes after "=": --flag=value)`);
-  }
-  const dir = join(REPO_ROOT, '.bench', 'builds', `${position + 1}-${buildDirName(ref)}`);
-  rmSync(dir, { recursive: true, force: true });
-  mkdirSync(dir, { recursive: true });
-  const files = ['src', 'package.json', 'tsconfig.json', 'tsconfig.build.json'];
-  const tar = execFileSync('git', ['archive', '--format=tar', ref, ...files], { cwd: REPO_ROOT, maxBuffer: 1 << 28 });
-  execFileSync('tar', ['-x', '-C', dir], { input: tar });
-  // Packages resolve from this checkout's node_modules (.bench/ lies inside it).
-  execFileSync(
-    process.execPath,
-    [join(REPO_ROOT, 'node_modules', 'typescript', 'bin', 'tsc'), '-p', dir + '/tsconfig.build.json'],
-    {
-      stdio: 'inherit',
-    },
-  );
-  return join(dir, 'dist', 'main.js');
-}
 
 /** Pins a process and all its threads to the given CPUs; false when taskset is not there. */
 function pin(pid: number, cpus: string): boolean {
@@ -151,7 +116,7 @@ async function main(): Promise<void> {
           // admin listener's are startGateway's).
           ...ownEnv,
         };
-        const gateway = await startGateway(env, nodeArgs, `${ref} #${p + 1}`, main);
+        const gateway = await startGateway(env, { nodeArgs, name: `${ref} #${p + 1}`, entry: main });
         if (pinned) pin(gateway.child.pid, '0');
         underTest.push({ build: ref, gateway });
       }

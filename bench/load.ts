@@ -1,3 +1,4 @@
+import http from 'node:http';
 import autocannon from 'autocannon';
 
 /**
@@ -117,4 +118,49 @@ export function measure(
     });
     running = instance;
   });
+}
+
+/**
+ * Exactly `count` requests, `connections` at a time on kept-alive connections, taking the
+ * workload's requests in turn; every answer is read to its end. Resolves with the answers'
+ * status counts. For `npm run bench:instructions`, which divides by a known number of requests.
+ */
+export async function sendExactly(
+  url: string,
+  requests: readonly autocannon.Request[],
+  count: number,
+  connections: number,
+): Promise<Record<string, number>> {
+  const agent = new http.Agent({ keepAlive: true, maxSockets: connections });
+  const statusCounts: Record<string, number> = {};
+  let next = 0;
+  const sendOne = (request: autocannon.Request): Promise<number> =>
+    new Promise((resolve, reject) => {
+      const outgoing = http.request(new URL(request.path ?? '/', url), {
+        agent,
+        method: request.method ?? 'GET',
+        headers: request.headers,
+      });
+      outgoing.once('error', reject);
+      outgoing.once('response', (response) => {
+        response.resume();
+        response.once('end', () => resolve(response.statusCode ?? 0));
+        response.once('error', reject);
+      });
+      outgoing.end(request.body);
+    });
+  const connection = async (): Promise<void> => {
+    while (next < count) {
+      const request = requests[next++ % requests.length];
+      if (!request) return;
+      const status = String(await sendOne(request));
+      statusCounts[status] = (statusCounts[status] ?? 0) + 1;
+    }
+  };
+  try {
+    await Promise.all(Array.from({ length: Math.min(connections, count) }, connection));
+  } finally {
+    agent.destroy();
+  }
+  return statusCounts;
 }

@@ -75,12 +75,11 @@ async function startEverything(tempDir: string, profileDir: string | undefined):
     LOG_LEVEL: 'info',
     LIMITS_FILE: writeBenchLimits(tempDir),
   };
-  const gateway = await startGateway(gatewayEnv, profiled('gateway'));
+  const gateway = await startGateway(gatewayEnv, { nodeArgs: profiled('gateway') });
   // Its own key prefix: its counters never meet the single worker's.
   const workers2 = await startGateway(
     { ...gatewayEnv, WORKERS: '2', REDIS_KEY_PREFIX: 'oapi-w2:' },
-    [],
-    'gateway (WORKERS=2)',
+    { name: 'gateway (WORKERS=2)' },
   );
   const redis = new Redis(redisServer.url, { maxRetriesPerRequest: 1, lazyConnect: true });
   await redis.connect();

@@ -163,6 +163,19 @@ export function compileServers(): string {
 }
 
 /**
+ * What starts a child: node itself, or a program in front of it (valgrind, for `npm run
+ * bench:instructions`) whose arguments end with node's path. Node's flags and the script follow `args`.
+ */
+export interface Launcher {
+  readonly command: string;
+  readonly args: readonly string[];
+  /** How long the child may take to start listening. */
+  readonly startTimeoutMs: number;
+}
+
+export const PLAIN_NODE: Launcher = { command: process.execPath, args: [], startTimeoutMs: 15_000 };
+
+/**
  * One of the compiled bench/servers in a Node process of its own; resolves with the port it listens on.
  * `nodeArgs` go to node before the script (the CPU profiler's flags with BENCH_PROFILE=1).
  */
@@ -172,16 +185,23 @@ export async function forkServer(
   file: string,
   args: string[] = [],
   nodeArgs: string[] = [],
+  launcher: Launcher = PLAIN_NODE,
 ): Promise<{ child: Child; url: string }> {
   const path = join(serversDir, file);
+  // fork() runs `execPath ...execArgv path ...args`, with the IPC channel the port is announced on.
   const child = register(
     name,
-    fork(path, args, { cwd: serversDir, execArgv: nodeArgs, stdio: ['ignore', 'ignore', 'pipe', 'ipc'] }),
+    fork(path, args, {
+      cwd: serversDir,
+      execPath: launcher.command,
+      execArgv: [...launcher.args, ...nodeArgs],
+      stdio: ['ignore', 'ignore', 'pipe', 'ipc'],
+    }),
   );
   const port = await new Promise<number>((resolve, reject) => {
     const timer = setTimeout(
       () => reject(new Error(`${name} did not announce its port:\n${child.stderrTail()}`)),
-      15_000,
+      launcher.startTimeoutMs,
     );
     child.process.once('message', (message: { port?: number }) => {
       clearTimeout(timer);
@@ -202,25 +222,35 @@ export interface GatewayProcess {
   readonly adminUrl: string;
 }
 
+export interface GatewayOptions {
+  /** Go to node before the script (the CPU profiler's flags with BENCH_PROFILE=1). */
+  readonly nodeArgs?: readonly string[];
+  readonly name?: string;
+  /** Another build's main.js (`npm run bench:ab`); dist/main.js by default. */
+  readonly entry?: string;
+  readonly launcher?: Launcher;
+  /** Where ports come from (a test gives taken ones). */
+  readonly drawPort?: () => Promise<number>;
+}
+
 /**
  * The built gateway (`node dist/main.js`) with a clean environment: only what is set here,
  * so nothing from the caller's shell (a REDIS_URL, WORKERS, GATEWAY_CONFIG…) changes what is
- * measured. Its log goes to /dev/null; stderr is kept for error messages. `nodeArgs` go to
- * node before the script (the CPU profiler's flags with BENCH_PROFILE=1); `entry` is another
- * build's main.js (`npm run bench:ab`).
+ * measured. Its log goes to /dev/null; stderr is kept for error messages.
  */
-export async function startGateway(
-  env: Record<string, string>,
-  nodeArgs: readonly string[] = [],
-  name = 'gateway',
-  entry = 'dist/main.js',
-  drawPort: () => Promise<number> = freePort,
-): Promise<GatewayProcess> {
+export async function startGateway(env: Record<string, string>, options: GatewayOptions = {}): Promise<GatewayProcess> {
+  const {
+    nodeArgs = [],
+    name = 'gateway',
+    entry = 'dist/main.js',
+    launcher = PLAIN_NODE,
+    drawPort = freePort,
+  } = options;
   // A port drawn free can be taken by another process before the gateway binds it (the gateway's
   // log, which would name the ports of PORT=0, goes to /dev/null here): then new ones are drawn.
   for (let attempt = 1; ; attempt++) {
     try {
-      return await startGatewayOn([await drawPort(), await drawPort()], env, nodeArgs, name, entry);
+      return await startGatewayOn([await drawPort(), await drawPort()], env, nodeArgs, name, entry, launcher);
     } catch (err) {
       if (attempt >= PORT_ATTEMPTS || !(err instanceof Error) || !err.message.includes(PORT_TAKEN)) throw err;
     }
@@ -238,6 +268,7 @@ async function startGatewayOn(
   nodeArgs: readonly string[],
   name: string,
   entry: string,
+  launcher: Launcher,
 ): Promise<GatewayProcess> {
   const fullEnv: Record<string, string> = {
     PATH: process.env.PATH ?? '/usr/bin:/bin',
@@ -250,21 +281,22 @@ async function startGatewayOn(
   };
   const child = register(
     name,
-    spawn(process.execPath, [...nodeArgs, entry], {
+    spawn(launcher.command, [...launcher.args, ...nodeArgs, entry], {
       cwd: REPO_ROOT,
       env: fullEnv,
       stdio: ['ignore', 'ignore', 'pipe'],
     }),
   );
   const adminUrl = `http://127.0.0.1:${adminPort}`;
-  await waitFor(name, async () => (await fetch(`${adminUrl}/readyz`)).status === 200, child, 15_000);
+  const timeoutMs = launcher.startTimeoutMs;
+  await waitFor(name, async () => (await fetch(`${adminUrl}/readyz`)).status === 200, child, timeoutMs);
   // With WORKERS=n the admin listener (the primary) is ready before the workers serve the public port.
   const workers = Number(env.WORKERS ?? 1);
   await waitFor(
     `${name}'s public port`,
     async () => (workers === 1 || processTree(child.pid).length > workers) && (await canConnect(port)),
     child,
-    15_000,
+    timeoutMs,
   );
   return { child, url: `http://127.0.0.1:${port}`, adminUrl };
 }

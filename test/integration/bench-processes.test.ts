@@ -35,10 +35,12 @@ describe('bench startGateway', () => {
     try {
       const drawn: number[] = [];
       const draws = [taken.port];
-      const gateway = await startGateway(env, [], 'gateway', 'dist/main.js', async () => {
-        const port = draws.shift() ?? (await freePort());
-        drawn.push(port);
-        return port;
+      const gateway = await startGateway(env, {
+        drawPort: async () => {
+          const port = draws.shift() ?? (await freePort());
+          drawn.push(port);
+          return port;
+        },
       });
       expect(drawn).toHaveLength(4);
       expect(drawn[0]).toBe(taken.port);
@@ -54,9 +56,11 @@ describe('bench startGateway', () => {
     const taken = await listeningServer();
     try {
       let draws = 0;
-      const start = startGateway(env, [], 'gateway', 'dist/main.js', () => {
-        draws++;
-        return Promise.resolve(taken.port);
+      const start = startGateway(env, {
+        drawPort: () => {
+          draws++;
+          return Promise.resolve(taken.port);
+        },
       });
       await expect(start).rejects.toThrow('the port is already in use');
       expect(draws).toBe(6);

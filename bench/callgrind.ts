@@ -1,0 +1,108 @@
+import { execFileSync } from 'node:child_process';
+import { readdirSync, readFileSync } from 'node:fs';
+import { join } from 'node:path';
+import type { Launcher } from './processes.js';
+
+/**
+ * A process under valgrind's callgrind, which counts the machine instructions each of its threads
+ * executes: the same figure for the same code and requests whatever else the machine is doing
+ * (docs/performance.md "Counting instructions"). The process starts with counting off (it runs
+ * many times faster so, for the JIT's warm-up); `callgrind_control` switches it on, zeroes the
+ * counters and dumps them, one file per thread.
+ */
+
+/** Instructions of one dump: the main thread's (where the event loop and all JavaScript run) and all threads'. */
+export interface InstructionCount {
+  readonly mainThread: number;
+  readonly allThreads: number;
+}
+
+/** One dump: its counts and the main thread's file (callgrind_annotate reads it). */
+export interface Dump extends InstructionCount {
+  readonly mainThreadFile: string;
+}
+
+export class Callgrind {
+  readonly #dir: string;
+  readonly #name: string;
+  #dumps = 0;
+  #pid: number | undefined;
+
+  /** Its files go to `dir` (a temporary directory), named after `name`. */
+  constructor(dir: string, name: string) {
+    this.#dir = dir;
+    this.#name = name;
+  }
+
+  /** valgrind in front of node. */
+  launcher(): Launcher {
+    return {
+      command: 'valgrind',
+      args: [
+        '--tool=callgrind',
+        '--quiet',
+        '--separate-threads=yes',
+        '--instr-atstart=no',
+        `--vgdb-prefix=${this.#vgdbPrefix()}`,
+        `--callgrind-out-file=${join(this.#dir, `${this.#name}.out`)}`,
+        process.execPath,
+      ],
+      // Node starts some ten times slower under valgrind.
+      startTimeoutMs: 180_000,
+    };
+  }
+
+  /** The process started with launcher(). */
+  attach(pid: number): void {
+    this.#pid = pid;
+  }
+
+  /** Counting on, from zero. */
+  start(): void {
+    this.#control('--instr=on');
+    this.#control('--zero');
+  }
+
+  /** Zeroes the counters. */
+  zero(): void {
+    this.#control('--zero');
+  }
+
+  /** The instructions since the counters were last zeroed. */
+  dump(): Dump {
+    this.#dumps++;
+    this.#control(`--dump=${this.#dumps}`);
+    const prefix = `${this.#name}.out.${this.#dumps}-`;
+    const files = readdirSync(this.#dir).filter((file) => file.startsWith(prefix));
+    if (files.length === 0) throw new Error(`callgrind wrote no ${prefix}* files`);
+    let mainThread = 0;
+    let allThreads = 0;
+    for (const file of files) {
+      const instructions = summaryOf(readFileSync(join(this.#dir, file), 'utf8'));
+      allThreads += instructions;
+      if (file === `${prefix}01`) mainThread = instructions;
+    }
+    return { mainThread, allThreads, mainThreadFile: join(this.#dir, `${prefix}01`) };
+  }
+
+  #vgdbPrefix(): string {
+    return join(this.#dir, `${this.#name}-vgdb`);
+  }
+
+  #control(action: string): void {
+    if (this.#pid === undefined) throw new Error(`${this.#name}: no process attached`);
+    // vgdb finds the process by FIFO names made of LOGNAME or USER and HOST: the same environment
+    // as the process's (bench/instructions.ts sets it for every process it starts).
+    execFileSync('callgrind_control', [`--vgdb-prefix=${this.#vgdbPrefix()}`, action, String(this.#pid)], {
+      stdio: ['ignore', 'ignore', 'pipe'],
+      timeout: 60_000,
+    });
+  }
+}
+
+/** The `summary:` line of a callgrind output file: its instruction count. */
+export function summaryOf(text: string): number {
+  const match = /^summary: (\d+)/m.exec(text);
+  if (!match) throw new Error('callgrind output without a summary line');
+  return Number(match[1]);
+}

@@ -1,0 +1,219 @@
+import { copyFileSync, existsSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import os from 'node:os';
+import { join, relative } from 'node:path';
+import { parseVariants, type Variant } from './ab-stats.js';
+import { buildOf } from './builds.js';
+import { Callgrind, type InstructionCount } from './callgrind.js';
+import { KnobError, intKnob } from './knobs.js';
+import { writeBenchLimits } from './limits.js';
+import { apiKeys, quoteWorkload, sendExactly, tokenWorkload, type Workload } from './load.js';
+import {
+  REPO_ROOT,
+  compileServers,
+  forkServer,
+  killAllChildrenNow,
+  startGateway,
+  startRedis,
+  stopAllChildren,
+  stopChild,
+  type Child,
+} from './processes.js';
+
+/**
+ * `npm run bench:instructions -- [<ref> [flags] …]` (docs/performance.md "Counting instructions"):
+ * the machine instructions per request of the bare proxy, the hono floor and gateway builds (this
+ * checkout's dist/ when no ref is given; refs as `npm run bench:ab` takes them), counted by
+ * valgrind's callgrind. Unlike CPU time the count does not move with what else the machine is
+ * doing, so a change of one per cent shows in one run. Each target runs alone under callgrind
+ * with counting off for BENCH_INSTR_WARMUP requests of each workload (the JIT's warm-up), then
+ * counts BENCH_INSTR_REQUESTS of each, BENCH_CONNECTIONS at a time.
+ */
+
+const log = (line: string): void => void process.stdout.write(line + '\n');
+
+/** Where each count's main-thread profile is kept, for `callgrind_annotate`. */
+const PROFILES_DIR = join(REPO_ROOT, '.bench', 'instructions');
+
+interface Target {
+  readonly label: string;
+  /** Starts it under `callgrind`, with the upstream at `upstreamUrl`; resolves with its process and URL. */
+  start(callgrind: Callgrind): Promise<{ child: Child; url: string }>;
+}
+
+interface Counted {
+  readonly target: string;
+  readonly workload: Workload;
+  readonly perRequest: InstructionCount;
+}
+
+function perRequest(count: InstructionCount, requests: number): InstructionCount {
+  return { mainThread: count.mainThread / requests, allThreads: count.allThreads / requests };
+}
+
+async function countTarget(
+  target: Target,
+  tempDir: string,
+  position: number,
+  workloads: readonly Workload[],
+  knobs: { warmup: number; requests: number; connections: number },
+): Promise<Counted[]> {
+  const callgrind = new Callgrind(tempDir, `target-${position}`);
+  const { child, url } = await target.start(callgrind);
+  callgrind.attach(child.pid);
+  const send = async (workload: Workload, count: number): Promise<void> => {
+    const statuses = await sendExactly(url, workload.requests, count, knobs.connections);
+    const others = Object.entries(statuses).filter(([status]) => status !== '200');
+    if (others.length > 0)
+      throw new Error(`${target.label}, ${workload.label}: answers other than 200: ${JSON.stringify(others)}`);
+  };
+  try {
+    for (const workload of workloads) await send(workload, knobs.warmup);
+    callgrind.start();
+    const counted: Counted[] = [];
+    for (const workload of workloads) {
+      callgrind.zero();
+      await send(workload, knobs.requests);
+      const dump = callgrind.dump();
+      copyFileSync(
+        dump.mainThreadFile,
+        join(PROFILES_DIR, `${target.label}-${workload.name}.callgrind`.replace(/[^\w.-]+/g, '_')),
+      );
+      counted.push({ target: target.label, workload, perRequest: perRequest(dump, knobs.requests) });
+    }
+    log(`  ${target.label}: counted`);
+    return counted;
+  } finally {
+    await stopChild(child, 60_000);
+  }
+}
+
+function thousands(instructions: number): string {
+  return `${(instructions / 1000).toFixed(1)}k`;
+}
+
+function ratio(value: number, reference: number | undefined): string {
+  return reference === undefined ? '' : `${(value / reference).toFixed(2)}×`;
+}
+
+function printTable(counted: readonly Counted[], workloads: readonly Workload[], labels: readonly string[]): void {
+  const width = Math.max(12, ...labels.map((l) => l.length));
+  const workloadWidth = Math.max(...workloads.map((w) => w.label.length));
+  log('');
+  log(
+    `${'workload'.padEnd(workloadWidth)} ${'target'.padEnd(width)}  main thread   × bare  × floor   all threads   × bare  × floor`,
+  );
+  for (const workload of workloads) {
+    const rows = counted.filter((c) => c.workload === workload);
+    const bare = rows.find((r) => r.target === 'bare proxy')?.perRequest;
+    const floor = rows.find((r) => r.target === 'hono floor')?.perRequest;
+    for (const [i, row] of rows.entries()) {
+      const { mainThread, allThreads } = row.perRequest;
+      log(
+        [
+          (i === 0 ? workload.label : '').padEnd(workloadWidth),
+          row.target.padEnd(width),
+          '',
+          thousands(mainThread).padStart(11),
+          ratio(mainThread, bare?.mainThread).padStart(8),
+          ratio(mainThread, floor?.mainThread).padStart(8),
+          thousands(allThreads).padStart(13),
+          ratio(allThreads, bare?.allThreads).padStart(8),
+          ratio(allThreads, floor?.allThreads).padStart(8),
+        ].join(' '),
+      );
+    }
+  }
+}
+
+async function main(): Promise<void> {
+  const knobs = {
+    warmup: intKnob('BENCH_INSTR_WARMUP', 30_000, 0, 1_000_000),
+    requests: intKnob('BENCH_INSTR_REQUESTS', 2000, 1, 100_000),
+    connections: intKnob('BENCH_CONNECTIONS', 8, 1, 1000),
+  };
+  const argv = process.argv.slice(2);
+  const variants: Variant[] =
+    argv.length === 0 ? [{ ref: '.', nodeArgs: [], env: {}, label: '.' }] : parseVariants(argv);
+  const given = variants.map((v) => v.label);
+  const builds = variants.map((v, i) => ({
+    ...v,
+    label: `gateway ${given.indexOf(v.label) === i ? v.label : `${v.label}#${i + 1}`}`,
+    main: buildOf(v.ref, i),
+  }));
+  for (const { label, main } of builds) if (!existsSync(main)) throw new Error(`${label}: no build at ${main}`);
+
+  // vgdb, through which callgrind_control reaches a process, names its FIFOs after LOGNAME or
+  // USER and HOST as the process sees them: every process here sees the same (the gateway's HOST is
+  // 127.0.0.1, its listen address), and so does callgrind_control, which inherits this environment.
+  delete process.env.LOGNAME;
+  delete process.env.USER;
+  delete process.env.HOSTNAME;
+  process.env.HOST = '127.0.0.1';
+
+  const tempDir = mkdtempSync(join(os.tmpdir(), 'oapi-bench-instructions-'));
+  rmSync(PROFILES_DIR, { recursive: true, force: true });
+  mkdirSync(PROFILES_DIR, { recursive: true });
+  process.once('exit', () => {
+    killAllChildrenNow();
+    rmSync(tempDir, { recursive: true, force: true });
+  });
+  const keys = apiKeys(64);
+  const workloads = [quoteWorkload(keys), tokenWorkload(keys)];
+  try {
+    const redis = await startRedis(tempDir);
+    const serversDir = compileServers();
+    const upstream = await forkServer('upstream', serversDir, 'upstream.js');
+    const limits = writeBenchLimits(tempDir);
+    const server = (label: string, file: string): Target => ({
+      label,
+      start: (callgrind) => forkServer(label, serversDir, file, [upstream.url], [], callgrind.launcher()),
+    });
+    const gateway = (build: (typeof builds)[number], position: number): Target => ({
+      label: build.label,
+      start: (callgrind) =>
+        startGateway(
+          {
+            REDIS_URL: redis.url,
+            REDIS_KEY_PREFIX: `oapi-instructions-${position}:`,
+            EQT_BRIDGE_URL: upstream.url,
+            FNO_BRIDGE_URL: upstream.url,
+            API_KEY_MODE: 'any',
+            LOG_LEVEL: 'info',
+            LIMITS_FILE: limits,
+            ...build.env,
+          },
+          { nodeArgs: build.nodeArgs, name: build.label, entry: build.main, launcher: callgrind.launcher() },
+        ),
+    });
+    const targets = [
+      server('bare proxy', 'bare-proxy.js'),
+      server('hono floor', 'hono-floor.js'),
+      ...builds.map(gateway),
+    ];
+    log(
+      `counting instructions: each target alone under callgrind, ${knobs.warmup} requests of each workload uncounted, then ${knobs.requests} counted, ${knobs.connections} connections`,
+    );
+    const counted: Counted[] = [];
+    for (const [position, target] of targets.entries())
+      counted.push(...(await countTarget(target, tempDir, position, workloads, knobs)));
+    printTable(
+      counted,
+      workloads,
+      targets.map((t) => t.label),
+    );
+    log('');
+    log('main thread: where the event loop and all JavaScript run, and what limits a process at full load.');
+    log(
+      `each count's main-thread profile is in ${relative(process.cwd(), PROFILES_DIR)} (callgrind_annotate --inclusive=no FILE)`,
+    );
+  } finally {
+    await stopAllChildren();
+  }
+}
+
+main().catch((err: unknown) => {
+  const shown =
+    err instanceof KnobError ? err.message : err instanceof Error ? (err.stack ?? err.message) : String(err);
+  process.stderr.write(`bench:instructions failed: ${shown}\n`);
+  process.exitCode = 1;
+});

@@ -1,0 +1,100 @@
+import { spawn, spawnSync } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import os from 'node:os';
+import { join } from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
+import { Callgrind } from '../../bench/callgrind.js';
+import { sendExactly } from '../../bench/load.js';
+
+/**
+ * `npm run bench:instructions` (bench/instructions.ts) divides callgrind's instruction counts by a
+ * number of requests: that number must be exact, and the counts must follow the requests.
+ */
+
+const tempDir = mkdtempSync(join(os.tmpdir(), 'oapi-test-callgrind-'));
+afterAll(() => rmSync(tempDir, { recursive: true, force: true }));
+
+describe('sendExactly', () => {
+  it('sends exactly the count asked for, in turn, on no more connections than asked, and reads every answer', async () => {
+    const seen: string[] = [];
+    const sockets = new Set<unknown>();
+    const server = http.createServer((request, response) => {
+      sockets.add(request.socket);
+      let body = '';
+      request.setEncoding('utf8');
+      request.on('data', (chunk: string) => (body += chunk));
+      request.on('end', () => {
+        seen.push(`${request.method} ${request.url} ${String(request.headers['x-api-key'])} ${body}`);
+        response.statusCode = request.url === '/b' ? 404 : 200;
+        response.end('answer');
+      });
+    });
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+    try {
+      const statuses = await sendExactly(
+        url,
+        [
+          { method: 'POST', path: '/a', headers: { 'x-api-key': 'k1' }, body: 'payload' },
+          { method: 'GET', path: '/b', headers: { 'x-api-key': 'k2' } },
+        ],
+        37,
+        4,
+      );
+      expect(statuses).toEqual({ '200': 19, '404': 18 });
+      expect(seen).toHaveLength(37);
+      expect(seen.filter((s) => s === 'POST /a k1 payload')).toHaveLength(19);
+      expect(seen.filter((s) => s === 'GET /b k2 ')).toHaveLength(18);
+      expect(sockets.size).toBeLessThanOrEqual(4);
+    } finally {
+      server.closeAllConnections();
+      await new Promise((resolve) => server.close(resolve));
+    }
+  });
+});
+
+// valgrind is a system package that only `npm run bench:instructions` needs, not the gateway.
+const hasValgrind = spawnSync('valgrind', ['--version']).status === 0;
+
+describe.skipIf(!hasValgrind)('Callgrind (needs valgrind)', () => {
+  it('counts what a process executes between zero and dump, in proportion to the requests it serves', async () => {
+    const callgrind = new Callgrind(tempDir, 'echo');
+    const launcher = callgrind.launcher();
+    const script = `require('node:http').createServer((q, r) => r.end('ok')).listen(0, '127.0.0.1', function () { process.stdout.write(this.address().port + '\\n'); });`;
+    const child = spawn(launcher.command, [...launcher.args, '-e', script], { stdio: ['ignore', 'pipe', 'pipe'] });
+    try {
+      const port = await new Promise<number>((resolve, reject) => {
+        let out = '';
+        child.stdout.setEncoding('utf8');
+        child.stdout.on('data', (chunk: string) => {
+          out += chunk;
+          if (out.includes('\n')) resolve(Number(out.trim()));
+        });
+        child.once('exit', (code) => reject(new Error(`node under valgrind exited with ${code}`)));
+      });
+      const url = `http://127.0.0.1:${port}`;
+      const requests = [{ method: 'GET' as const, path: '/', headers: {} }];
+      callgrind.attach(child.pid ?? 0);
+      await sendExactly(url, requests, 300, 2); // uncounted: the JIT's warm-up
+      callgrind.start();
+      await sendExactly(url, requests, 200, 2);
+      const twoHundred = callgrind.dump();
+      callgrind.zero();
+      await sendExactly(url, requests, 400, 2);
+      const fourHundred = callgrind.dump();
+      callgrind.zero();
+      const none = callgrind.dump();
+
+      expect(twoHundred.mainThread).toBeGreaterThan(0);
+      expect(twoHundred.allThreads).toBeGreaterThanOrEqual(twoHundred.mainThread);
+      // Twice the requests, about twice the instructions; none, next to nothing.
+      expect(fourHundred.mainThread / twoHundred.mainThread).toBeGreaterThan(1.6);
+      expect(fourHundred.mainThread / twoHundred.mainThread).toBeLessThan(2.4);
+      expect(none.mainThread).toBeLessThan(twoHundred.mainThread / 20);
+    } finally {
+      child.kill('SIGKILL');
+    }
+  }, 120_000);
+});
