@@ -89,4 +89,24 @@ describe('normaliseTarget', () => {
       { numRuns: 2000 },
     );
   });
+
+  it('gives a path already in normal form back as sent, split at its slashes', () => {
+    const plain = fc.array(fc.stringMatching(/^[A-Za-z0-9._~!$&'()*+,;=:@-]{1,8}$/), { minLength: 1, maxLength: 8 });
+    fc.assert(
+      fc.property(plain, fc.constantFrom('', '?a=1', '?b=/../x'), (parts, query) => {
+        fc.pre(parts.every((p) => p !== '.' && p !== '..'));
+        const result = ok('/' + parts.join('/') + query);
+        expect(result.path).toBe('/' + parts.join('/'));
+        expect(result.segments).toEqual(parts);
+        expect(result.query).toBe(query);
+      }),
+      { numRuns: 2000 },
+    );
+  });
+
+  it('decodes an escape in the middle of a segment and keeps the characters after it', () => {
+    expect(ok('/or%64ers/a%41b%c3%A9c/x').segments).toEqual(['orders', 'aAb%C3%A9c', 'x']);
+    expect(ok('/or%64ers/a%41b%c3%A9c/x').path).toBe('/orders/aAb%C3%A9c/x');
+    expect(ok('/a/%2e%2e/b').path).toBe('/b');
+  });
 });
