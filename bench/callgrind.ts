@@ -100,6 +100,21 @@ export class Callgrind {
   }
 }
 
+/**
+ * The window of median main-thread instructions, and the lowest and highest of them. Now and then
+ * a window costs the gateway up to half as much again (garbage collection, and code running
+ * unoptimized again: docs/performance.md "Counting instructions"); the median leaves it out.
+ */
+export function medianWindow(windows: readonly InstructionCount[]): {
+  median: InstructionCount;
+  range: readonly [number, number];
+} {
+  const sorted = [...windows].sort((a, b) => a.mainThread - b.mainThread);
+  const median = sorted[Math.floor((sorted.length - 1) / 2)];
+  if (!median) throw new Error('no window was counted');
+  return { median, range: [sorted[0]?.mainThread ?? 0, sorted[sorted.length - 1]?.mainThread ?? 0] };
+}
+
 /** The `summary:` line of a callgrind output file: its instruction count. */
 export function summaryOf(text: string): number {
   const match = /^summary: (\d+)/m.exec(text);

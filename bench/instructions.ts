@@ -3,7 +3,7 @@ import os from 'node:os';
 import { join, relative } from 'node:path';
 import { parseVariants, type Variant } from './ab-stats.js';
 import { buildOf } from './builds.js';
-import { Callgrind, type InstructionCount } from './callgrind.js';
+import { Callgrind, medianWindow, type InstructionCount } from './callgrind.js';
 import { KnobError, intKnob } from './knobs.js';
 import { writeBenchLimits } from './limits.js';
 import { apiKeys, quoteWorkload, sendExactly, tokenWorkload, type Workload } from './load.js';
@@ -43,7 +43,10 @@ interface Target {
 interface Counted {
   readonly target: string;
   readonly workload: Workload;
+  /** The median window's (by main-thread instructions). */
   readonly perRequest: InstructionCount;
+  /** The lowest and highest main-thread instructions per request of its windows. */
+  readonly range: readonly [number, number];
 }
 
 function perRequest(count: InstructionCount, requests: number): InstructionCount {
@@ -55,7 +58,7 @@ async function countTarget(
   tempDir: string,
   position: number,
   workloads: readonly Workload[],
-  knobs: { warmup: number; requests: number; connections: number },
+  knobs: { warmup: number; requests: number; windows: number; connections: number },
 ): Promise<Counted[]> {
   const callgrind = new Callgrind(tempDir, `target-${position}`);
   const { child, url } = await target.start(callgrind);
@@ -66,25 +69,30 @@ async function countTarget(
     if (others.length > 0)
       throw new Error(`${target.label}, ${workload.label}: answers other than 200: ${JSON.stringify(others)}`);
   };
+  const counted: Counted[] = [];
   try {
     for (const workload of workloads) await send(workload, knobs.warmup);
     callgrind.start();
-    const counted: Counted[] = [];
-    for (const workload of workloads) {
-      callgrind.zero();
-      await send(workload, knobs.requests);
-      const dump = callgrind.dump();
-      copyFileSync(
-        dump.mainThreadFile,
-        join(PROFILES_DIR, `${target.label}-${workload.name}.callgrind`.replace(/[^\w.-]+/g, '_')),
-      );
-      counted.push({ target: target.label, workload, perRequest: perRequest(dump, knobs.requests) });
+    const windows = new Map(workloads.map((w) => [w, [] as InstructionCount[]]));
+    for (let window = 1; window <= knobs.windows; window++) {
+      for (const workload of workloads) {
+        callgrind.zero();
+        await send(workload, knobs.requests);
+        const dump = callgrind.dump();
+        const kept = `${target.label}-${workload.name}-${window}.callgrind`.replace(/[^\w.-]+/g, '_');
+        copyFileSync(dump.mainThreadFile, join(PROFILES_DIR, kept));
+        windows.get(workload)?.push(perRequest(dump, knobs.requests));
+      }
     }
-    log(`  ${target.label}: counted`);
-    return counted;
+    for (const workload of workloads) {
+      const { median, range } = medianWindow(windows.get(workload) ?? []);
+      counted.push({ target: target.label, workload, perRequest: median, range });
+    }
   } finally {
     await stopChild(child, 60_000);
   }
+  log(`  ${target.label}: counted`);
+  return counted;
 }
 
 function thousands(instructions: number): string {
@@ -100,7 +108,7 @@ function printTable(counted: readonly Counted[], workloads: readonly Workload[],
   const workloadWidth = Math.max(...workloads.map((w) => w.label.length));
   log('');
   log(
-    `${'workload'.padEnd(workloadWidth)} ${'target'.padEnd(width)}  main thread   × bare  × floor   all threads   × bare  × floor`,
+    `${'workload'.padEnd(workloadWidth)} ${'target'.padEnd(width)}  main thread   × bare  × floor  its windows     all threads   × bare  × floor`,
   );
   for (const workload of workloads) {
     const rows = counted.filter((c) => c.workload === workload);
@@ -116,6 +124,7 @@ function printTable(counted: readonly Counted[], workloads: readonly Workload[],
           thousands(mainThread).padStart(11),
           ratio(mainThread, bare?.mainThread).padStart(8),
           ratio(mainThread, floor?.mainThread).padStart(8),
+          ` ${(row.range[0] / 1000).toFixed(1)}–${thousands(row.range[1])}`.padEnd(15),
           thousands(allThreads).padStart(13),
           ratio(allThreads, bare?.allThreads).padStart(8),
           ratio(allThreads, floor?.allThreads).padStart(8),
@@ -129,6 +138,7 @@ async function main(): Promise<void> {
   const knobs = {
     warmup: intKnob('BENCH_INSTR_WARMUP', 30_000, 0, 1_000_000),
     requests: intKnob('BENCH_INSTR_REQUESTS', 2000, 1, 100_000),
+    windows: intKnob('BENCH_INSTR_WINDOWS', 3, 1, 20),
     connections: intKnob('BENCH_CONNECTIONS', 8, 1, 1000),
   };
   const argv = process.argv.slice(2);
@@ -182,7 +192,12 @@ async function main(): Promise<void> {
             LIMITS_FILE: limits,
             ...build.env,
           },
-          { nodeArgs: build.nodeArgs, name: build.label, entry: build.main, launcher: callgrind.launcher() },
+          {
+            nodeArgs: build.nodeArgs,
+            name: build.label,
+            entry: build.main,
+            launcher: callgrind.launcher(),
+          },
         ),
     });
     const targets = [
@@ -191,7 +206,7 @@ async function main(): Promise<void> {
       ...builds.map(gateway),
     ];
     log(
-      `counting instructions: each target alone under callgrind, ${knobs.warmup} requests of each workload uncounted, then ${knobs.requests} counted, ${knobs.connections} connections`,
+      `counting instructions: each target alone under callgrind, ${knobs.warmup} requests of each workload uncounted, then ${knobs.windows} windows of ${knobs.requests} counted (the median window is the figure), ${knobs.connections} connections`,
     );
     const counted: Counted[] = [];
     for (const [position, target] of targets.entries())
@@ -204,7 +219,7 @@ async function main(): Promise<void> {
     log('');
     log('main thread: where the event loop and all JavaScript run, and what limits a process at full load.');
     log(
-      `each count's main-thread profile is in ${relative(process.cwd(), PROFILES_DIR)} (callgrind_annotate --inclusive=no FILE)`,
+      `each window's main-thread profile is in ${relative(process.cwd(), PROFILES_DIR)} (callgrind_annotate --inclusive=no FILE)`,
     );
   } finally {
     await stopAllChildren();
