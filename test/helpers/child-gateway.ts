@@ -36,6 +36,27 @@ export function listeningLines(log: string): ListeningLine[] {
     .map((l) => JSON.parse(l) as ListeningLine);
 }
 
+/**
+ * Waits until a child's stdout holds `text`, and gives its stdout then. Throws, with everything
+ * the child wrote, when it exits or the time is up first.
+ */
+export async function waitForOutput(
+  child: ChildProcess,
+  output: ChildOutput,
+  text: string,
+  timeoutMs = 10_000,
+): Promise<string> {
+  const deadline = Date.now() + timeoutMs;
+  const gone = (): boolean => child.exitCode !== null || child.signalCode !== null;
+  while (!output.stdout().includes(text) && !gone() && Date.now() < deadline)
+    await new Promise((r) => setTimeout(r, 25));
+  if (!output.stdout().includes(text))
+    throw new Error(
+      `the process did not print "${text}"; exit ${child.exitCode ?? child.signalCode ?? 'none yet'}\nstdout:\n${output.stdout()}\nstderr:\n${output.stderr()}`,
+    );
+  return output.stdout();
+}
+
 /** `host:port` as a URL to connect to: a wildcard address is reached on loopback. */
 function urlOf(bound: string): string {
   return `http://${bound.replace(/^0\.0\.0\.0:/, '127.0.0.1:').replace(/^\[::\]:/, '[::1]:')}`;

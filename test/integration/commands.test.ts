@@ -6,7 +6,7 @@ import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { afterEach, describe, expect, it } from 'vitest';
 import { ROOT, runCli, runCliWithInput } from '../helpers/cli.js';
-import { outputOf, waitForListening } from '../helpers/child-gateway.js';
+import { outputOf, waitForListening, waitForOutput } from '../helpers/child-gateway.js';
 
 /** The commands of README "Running it", run as a user runs them (from the built `dist/`). */
 
@@ -227,10 +227,7 @@ describe('npm run sandbox', () => {
       stdio: ['ignore', 'pipe', 'pipe'],
     });
     children.push(child);
-    let out = '';
-    child.stdout.on('data', (c: Buffer) => (out += c.toString()));
-    const deadline = Date.now() + 10_000;
-    while (!out.includes('Ctrl-C stops it.') && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+    const out = await waitForOutput(child, outputOf(child), 'Ctrl-C stops it.');
     const curls = out
       .split('\n')
       .map((l) => l.trim())

@@ -6,6 +6,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { parse } from 'yaml';
 import { DEMO_PASSWORD, DEMO_USERNAME } from '../../src/sandbox/bodies.js';
 import { startTestGateway, type TestGateway } from '../helpers/gateway.js';
+import { outputOf, waitForOutput } from '../helpers/child-gateway.js';
 import { send } from '../helpers/http.js';
 
 /**
@@ -224,10 +225,7 @@ describe('node dist/sandbox/bridge-main.js', () => {
       stdio: ['ignore', 'pipe', 'pipe'],
     });
     try {
-      let out = '';
-      child.stdout.on('data', (c: Buffer) => (out += c.toString()));
-      const deadline = Date.now() + 8000;
-      while (!out.includes('listening') && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+      const out = await waitForOutput(child, outputOf(child), '\n', 8000);
       expect(out).toMatch(/^sandbox fno bridge listening on 127\.0\.0\.1:\d+\n$/);
       const port = Number(/:(\d+)\n$/.exec(out)?.[1]);
       expect(port).toBeGreaterThan(0);
