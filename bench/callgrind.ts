@@ -1,5 +1,5 @@
 import { execFileSync } from 'node:child_process';
-import { readdirSync, readFileSync } from 'node:fs';
+import { copyFileSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Launcher } from './processes.js';
 
@@ -15,11 +15,6 @@ import type { Launcher } from './processes.js';
 export interface InstructionCount {
   readonly mainThread: number;
   readonly allThreads: number;
-}
-
-/** One dump: its counts and the main thread's file (callgrind_annotate reads it). */
-export interface Dump extends InstructionCount {
-  readonly mainThreadFile: string;
 }
 
 export class Callgrind {
@@ -68,21 +63,28 @@ export class Callgrind {
     this.#control('--zero');
   }
 
-  /** The instructions since the counters were last zeroed. */
-  dump(): Dump {
+  /**
+   * The instructions since the counters were last zeroed. The main thread's profile is copied to
+   * `keepMainThreadAs` (callgrind_annotate reads it); the dump's own files are removed.
+   */
+  dump(keepMainThreadAs: string): InstructionCount {
     this.#dumps++;
     this.#control(`--dump=${this.#dumps}`);
     const prefix = `${this.#name}.out.${this.#dumps}-`;
-    const files = readdirSync(this.#dir).filter((file) => file.startsWith(prefix));
-    if (files.length === 0) throw new Error(`callgrind wrote no ${prefix}* files`);
-    let mainThread = 0;
-    let allThreads = 0;
-    for (const file of files) {
-      const instructions = summaryOf(readFileSync(join(this.#dir, file), 'utf8'));
-      allThreads += instructions;
-      if (file === `${prefix}01`) mainThread = instructions;
+    const files = readdirSync(this.#dir)
+      .filter((file) => file.startsWith(prefix))
+      .map((file) => join(this.#dir, file));
+    try {
+      // Thread 1 is the main thread (--separate-threads=yes numbers them from 01).
+      const main = join(this.#dir, `${prefix}01`);
+      if (!files.includes(main)) throw new Error(`callgrind wrote no ${prefix}01 (main thread) file`);
+      let allThreads = 0;
+      for (const file of files) allThreads += summaryOf(readFileSync(file, 'utf8'));
+      copyFileSync(main, keepMainThreadAs);
+      return { mainThread: summaryOf(readFileSync(main, 'utf8')), allThreads };
+    } finally {
+      for (const file of files) rmSync(file, { force: true });
     }
-    return { mainThread, allThreads, mainThreadFile: join(this.#dir, `${prefix}01`) };
   }
 
   #vgdbPrefix(): string {
@@ -91,12 +93,16 @@ export class Callgrind {
 
   #control(action: string): void {
     if (this.#pid === undefined) throw new Error(`${this.#name}: no process attached`);
-    // vgdb finds the process by FIFO names made of LOGNAME or USER and HOST: the same environment
-    // as the process's (bench/instructions.ts sets it for every process it starts).
-    execFileSync('callgrind_control', [`--vgdb-prefix=${this.#vgdbPrefix()}`, action, String(this.#pid)], {
-      stdio: ['ignore', 'ignore', 'pipe'],
+    // vgdb finds the process by FIFO names made of LOGNAME or USER and HOST (or HOSTNAME) as the
+    // process saw them: callgrind_control must run with the same (bench/instructions.ts gives every
+    // process it starts, and itself, the same).
+    const said = execFileSync('callgrind_control', [`--vgdb-prefix=${this.#vgdbPrefix()}`, action, String(this.#pid)], {
+      encoding: 'utf8',
+      stdio: ['ignore', 'pipe', 'pipe'],
       timeout: 60_000,
     });
+    // It exits 0 whatever happened; what it says tells.
+    if (!said.includes('OK.')) throw new Error(`callgrind_control ${action} ${this.#pid}: ${said.trim()}`);
   }
 }
 

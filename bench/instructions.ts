@@ -1,9 +1,10 @@
-import { copyFileSync, existsSync, mkdirSync, mkdtempSync, rmSync } from 'node:fs';
+import { copyFileSync, existsSync, mkdirSync, mkdtempSync, renameSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import { join, relative } from 'node:path';
 import { parseVariants, type Variant } from './ab-stats.js';
 import { buildOf } from './builds.js';
 import { Callgrind, medianWindow, type InstructionCount } from './callgrind.js';
+import { BARE, FLOOR, instructionTable, type Counted } from './instructions-report.js';
 import { KnobError, intKnob } from './knobs.js';
 import { writeBenchLimits } from './limits.js';
 import { apiKeys, quoteWorkload, sendExactly, tokenWorkload, type Workload } from './load.js';
@@ -24,32 +25,30 @@ import {
  * the machine instructions per request of the bare proxy, the hono floor and gateway builds (this
  * checkout's dist/ when no ref is given; refs as `npm run bench:ab` takes them), counted by
  * valgrind's callgrind. Unlike CPU time the count does not move with what else the machine is
- * doing, so a change of one per cent shows in one run. Each target runs alone under callgrind
- * with counting off for BENCH_INSTR_WARMUP requests of each workload (the JIT's warm-up), then
- * counts BENCH_INSTR_REQUESTS of each, BENCH_CONNECTIONS at a time.
+ * doing: a change of 2 % shows in one run. Each target runs alone under callgrind with counting
+ * off for BENCH_INSTR_WARMUP requests of each workload (the JIT's warm-up), then counts
+ * BENCH_INSTR_WINDOWS windows of BENCH_INSTR_REQUESTS requests of each, BENCH_INSTR_CONNECTIONS at
+ * a time; the median window is the figure.
  */
 
 const log = (line: string): void => void process.stdout.write(line + '\n');
 
-/** Where each count's main-thread profile is kept, for `callgrind_annotate`. */
+/** Where each window's main-thread profile is kept, for `callgrind_annotate`; replaced by every run. */
 const PROFILES_DIR = join(REPO_ROOT, '.bench', 'instructions');
+
+/**
+ * The variables vgdb names its FIFOs after (callgrind.ts): every process here, and this one, whose
+ * environment callgrind_control inherits, must see the same. A gateway's HOST is its listen address.
+ */
+const VGDB_NAMING = ['LOGNAME', 'USER', 'HOST', 'HOSTNAME'];
 
 interface Target {
   readonly label: string;
-  /** Starts it under `callgrind`, with the upstream at `upstreamUrl`; resolves with its process and URL. */
+  /** Starts it under `callgrind`; resolves with its process and URL. */
   start(callgrind: Callgrind): Promise<{ child: Child; url: string }>;
 }
 
-interface Counted {
-  readonly target: string;
-  readonly workload: Workload;
-  /** The median window's (by main-thread instructions). */
-  readonly perRequest: InstructionCount;
-  /** The lowest and highest main-thread instructions per request of its windows. */
-  readonly range: readonly [number, number];
-}
-
-function perRequest(count: InstructionCount, requests: number): InstructionCount {
+function dividedBy(count: InstructionCount, requests: number): InstructionCount {
   return { mainThread: count.mainThread / requests, allThreads: count.allThreads / requests };
 }
 
@@ -78,10 +77,8 @@ async function countTarget(
       for (const workload of workloads) {
         callgrind.zero();
         await send(workload, knobs.requests);
-        const dump = callgrind.dump();
         const kept = `${target.label}-${workload.name}-${window}.callgrind`.replace(/[^\w.-]+/g, '_');
-        copyFileSync(dump.mainThreadFile, join(PROFILES_DIR, kept));
-        windows.get(workload)?.push(perRequest(dump, knobs.requests));
+        windows.get(workload)?.push(dividedBy(callgrind.dump(join(PROFILES_DIR, kept)), knobs.requests));
       }
     }
     for (const workload of workloads) {
@@ -90,47 +87,22 @@ async function countTarget(
     }
   } finally {
     await stopChild(child, 60_000);
+    // With --perf-basic-prof after a ref, V8 wrote its code map to /tmp: kept beside the profiles.
+    const perfMap = `/tmp/perf-${child.pid}.map`;
+    if (existsSync(perfMap))
+      renameOrCopy(perfMap, join(PROFILES_DIR, `${target.label}.perf-map`.replace(/[^\w.-]+/g, '_')));
   }
   log(`  ${target.label}: counted`);
   return counted;
 }
 
-function thousands(instructions: number): string {
-  return `${(instructions / 1000).toFixed(1)}k`;
-}
-
-function ratio(value: number, reference: number | undefined): string {
-  return reference === undefined ? '' : `${(value / reference).toFixed(2)}×`;
-}
-
-function printTable(counted: readonly Counted[], workloads: readonly Workload[], labels: readonly string[]): void {
-  const width = Math.max(12, ...labels.map((l) => l.length));
-  const workloadWidth = Math.max(...workloads.map((w) => w.label.length));
-  log('');
-  log(
-    `${'workload'.padEnd(workloadWidth)} ${'target'.padEnd(width)}  main thread   × bare  × floor  its windows     all threads   × bare  × floor`,
-  );
-  for (const workload of workloads) {
-    const rows = counted.filter((c) => c.workload === workload);
-    const bare = rows.find((r) => r.target === 'bare proxy')?.perRequest;
-    const floor = rows.find((r) => r.target === 'hono floor')?.perRequest;
-    for (const [i, row] of rows.entries()) {
-      const { mainThread, allThreads } = row.perRequest;
-      log(
-        [
-          (i === 0 ? workload.label : '').padEnd(workloadWidth),
-          row.target.padEnd(width),
-          '',
-          thousands(mainThread).padStart(11),
-          ratio(mainThread, bare?.mainThread).padStart(8),
-          ratio(mainThread, floor?.mainThread).padStart(8),
-          ` ${(row.range[0] / 1000).toFixed(1)}–${thousands(row.range[1])}`.padEnd(15),
-          thousands(allThreads).padStart(13),
-          ratio(allThreads, bare?.allThreads).padStart(8),
-          ratio(allThreads, floor?.allThreads).padStart(8),
-        ].join(' '),
-      );
-    }
+/** Moves a file, across file systems too. */
+function renameOrCopy(from: string, to: string): void {
+  try {
+    renameSync(from, to);
+  } catch {
+    copyFileSync(from, to);
+    rmSync(from, { force: true });
   }
 }
 
@@ -139,7 +111,7 @@ async function main(): Promise<void> {
     warmup: intKnob('BENCH_INSTR_WARMUP', 30_000, 0, 1_000_000),
     requests: intKnob('BENCH_INSTR_REQUESTS', 2000, 1, 100_000),
     windows: intKnob('BENCH_INSTR_WINDOWS', 3, 1, 20),
-    connections: intKnob('BENCH_CONNECTIONS', 8, 1, 1000),
+    connections: intKnob('BENCH_INSTR_CONNECTIONS', 8, 1, 1000),
   };
   const argv = process.argv.slice(2);
   const variants: Variant[] =
@@ -151,22 +123,27 @@ async function main(): Promise<void> {
     main: buildOf(v.ref, i),
   }));
   for (const { label, main } of builds) if (!existsSync(main)) throw new Error(`${label}: no build at ${main}`);
-
-  // vgdb, through which callgrind_control reaches a process, names its FIFOs after LOGNAME or
-  // USER and HOST as the process sees them: every process here sees the same (the gateway's HOST is
-  // 127.0.0.1, its listen address), and so does callgrind_control, which inherits this environment.
-  delete process.env.LOGNAME;
-  delete process.env.USER;
-  delete process.env.HOSTNAME;
+  for (const { label, env } of builds)
+    for (const name of VGDB_NAMING)
+      if (name in env)
+        throw new KnobError(`${label}: ${name} cannot be set here (callgrind_control finds processes by it)`);
+  for (const name of VGDB_NAMING) delete process.env[name];
   process.env.HOST = '127.0.0.1';
 
   const tempDir = mkdtempSync(join(os.tmpdir(), 'oapi-bench-instructions-'));
   rmSync(PROFILES_DIR, { recursive: true, force: true });
   mkdirSync(PROFILES_DIR, { recursive: true });
+  // Whatever ends the run, no process under valgrind outlives it and the temporary files go.
   process.once('exit', () => {
     killAllChildrenNow();
     rmSync(tempDir, { recursive: true, force: true });
   });
+  const interrupt = (signal: NodeJS.Signals): void => {
+    process.stderr.write(`\n${signal}: stopping every process bench:instructions started\n`);
+    void stopAllChildren().finally(() => process.exit(130));
+  };
+  process.once('SIGINT', interrupt);
+  process.once('SIGTERM', interrupt);
   const keys = apiKeys(64);
   const workloads = [quoteWorkload(keys), tokenWorkload(keys)];
   try {
@@ -174,11 +151,11 @@ async function main(): Promise<void> {
     const serversDir = compileServers();
     const upstream = await forkServer('upstream', serversDir, 'upstream.js');
     const limits = writeBenchLimits(tempDir);
-    const server = (label: string, file: string): Target => ({
+    const serverTarget = (label: string, file: string): Target => ({
       label,
       start: (callgrind) => forkServer(label, serversDir, file, [upstream.url], [], callgrind.launcher()),
     });
-    const gateway = (build: (typeof builds)[number], position: number): Target => ({
+    const gatewayTarget = (build: (typeof builds)[number], position: number): Target => ({
       label: build.label,
       start: (callgrind) =>
         startGateway(
@@ -201,9 +178,9 @@ async function main(): Promise<void> {
         ),
     });
     const targets = [
-      server('bare proxy', 'bare-proxy.js'),
-      server('hono floor', 'hono-floor.js'),
-      ...builds.map(gateway),
+      serverTarget(BARE, 'bare-proxy.js'),
+      serverTarget(FLOOR, 'hono-floor.js'),
+      ...builds.map(gatewayTarget),
     ];
     log(
       `counting instructions: each target alone under callgrind, ${knobs.warmup} requests of each workload uncounted, then ${knobs.windows} windows of ${knobs.requests} counted (the median window is the figure), ${knobs.connections} connections`,
@@ -211,11 +188,13 @@ async function main(): Promise<void> {
     const counted: Counted[] = [];
     for (const [position, target] of targets.entries())
       counted.push(...(await countTarget(target, tempDir, position, workloads, knobs)));
-    printTable(
+    log('');
+    for (const line of instructionTable(
       counted,
       workloads,
       targets.map((t) => t.label),
-    );
+    ))
+      log(line);
     log('');
     log('main thread: where the event loop and all JavaScript run, and what limits a process at full load.');
     log(

@@ -123,17 +123,21 @@ export function measure(
 /**
  * Exactly `count` requests, `connections` at a time on kept-alive connections, taking the
  * workload's requests in turn; every answer is read to its end. Resolves with the answers'
- * status counts. For `npm run bench:instructions`, which divides by a known number of requests.
+ * status counts; rejects at the first request that fails or waits more than `timeoutMs` for its
+ * answer, and then sends no more. For `npm run bench:instructions`, which divides by a known
+ * number of requests.
  */
 export async function sendExactly(
   url: string,
   requests: readonly autocannon.Request[],
   count: number,
   connections: number,
+  timeoutMs = 60_000,
 ): Promise<Record<string, number>> {
   const agent = new http.Agent({ keepAlive: true, maxSockets: connections });
   const statusCounts: Record<string, number> = {};
   let next = 0;
+  let failed = false;
   const sendOne = (request: autocannon.Request): Promise<number> =>
     new Promise((resolve, reject) => {
       const outgoing = http.request(new URL(request.path ?? '/', url), {
@@ -141,6 +145,7 @@ export async function sendExactly(
         method: request.method ?? 'GET',
         headers: request.headers,
       });
+      outgoing.setTimeout(timeoutMs, () => outgoing.destroy(new Error(`no answer within ${timeoutMs} ms`)));
       outgoing.once('error', reject);
       outgoing.once('response', (response) => {
         response.resume();
@@ -150,11 +155,16 @@ export async function sendExactly(
       outgoing.end(request.body);
     });
   const connection = async (): Promise<void> => {
-    while (next < count) {
+    while (next < count && !failed) {
       const request = requests[next++ % requests.length];
       if (!request) return;
-      const status = String(await sendOne(request));
-      statusCounts[status] = (statusCounts[status] ?? 0) + 1;
+      try {
+        const status = String(await sendOne(request));
+        statusCounts[status] = (statusCounts[status] ?? 0) + 1;
+      } catch (err) {
+        failed = true;
+        throw err;
+      }
     }
   };
   try {

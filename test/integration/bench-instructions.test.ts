@@ -1,11 +1,11 @@
 import { spawn, spawnSync } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import os from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { Callgrind } from '../../bench/callgrind.js';
+import { Callgrind, summaryOf } from '../../bench/callgrind.js';
 import { sendExactly } from '../../bench/load.js';
 
 /**
@@ -17,6 +17,27 @@ const tempDir = mkdtempSync(join(os.tmpdir(), 'oapi-test-callgrind-'));
 afterAll(() => rmSync(tempDir, { recursive: true, force: true }));
 
 describe('sendExactly', () => {
+  it('fails when an answer does not come in time, and sends nothing after', async () => {
+    let seen = 0;
+    const server = http.createServer((request, response) => {
+      seen++;
+      request.resume();
+      if (seen !== 3) response.end('ok'); // the third is never answered
+    });
+    await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+    const url = `http://127.0.0.1:${(server.address() as AddressInfo).port}`;
+    try {
+      await expect(sendExactly(url, [{ method: 'GET', path: '/' }], 10, 1, 300)).rejects.toThrow(
+        'no answer within 300 ms',
+      );
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      expect(seen).toBe(3);
+    } finally {
+      server.closeAllConnections();
+      await new Promise((resolve) => server.close(resolve));
+    }
+  });
+
   it('sends exactly the count asked for, in turn, on no more connections than asked, and reads every answer', async () => {
     const seen: string[] = [];
     const sockets = new Set<unknown>();
@@ -80,12 +101,12 @@ describe.skipIf(!hasValgrind)('Callgrind (needs valgrind)', () => {
       await sendExactly(url, requests, 300, 2); // uncounted: the JIT's warm-up
       callgrind.start();
       await sendExactly(url, requests, 200, 2);
-      const twoHundred = callgrind.dump();
+      const twoHundred = callgrind.dump(join(tempDir, 'two-hundred.callgrind'));
       callgrind.zero();
       await sendExactly(url, requests, 400, 2);
-      const fourHundred = callgrind.dump();
+      const fourHundred = callgrind.dump(join(tempDir, 'four-hundred.callgrind'));
       callgrind.zero();
-      const none = callgrind.dump();
+      const none = callgrind.dump(join(tempDir, 'none.callgrind'));
 
       expect(twoHundred.mainThread).toBeGreaterThan(0);
       expect(twoHundred.allThreads).toBeGreaterThanOrEqual(twoHundred.mainThread);
@@ -93,6 +114,14 @@ describe.skipIf(!hasValgrind)('Callgrind (needs valgrind)', () => {
       expect(fourHundred.mainThread / twoHundred.mainThread).toBeGreaterThan(1.6);
       expect(fourHundred.mainThread / twoHundred.mainThread).toBeLessThan(2.4);
       expect(none.mainThread).toBeLessThan(twoHundred.mainThread / 20);
+      // The main thread's profile is kept where asked; the dumps' own files are gone.
+      expect(summaryOf(readFileSync(join(tempDir, 'four-hundred.callgrind'), 'utf8'))).toBe(fourHundred.mainThread);
+      expect(readdirSync(tempDir).filter((f) => f.startsWith('echo.out.'))).toEqual([]);
+
+      // A process callgrind_control cannot reach is an error, not a silent zero.
+      child.kill('SIGKILL');
+      await new Promise((resolve) => child.once('exit', resolve));
+      expect(() => callgrind.zero()).toThrow(/callgrind_control --zero/);
     } finally {
       child.kill('SIGKILL');
     }
