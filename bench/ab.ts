@@ -20,6 +20,7 @@ import {
   startGateway,
   startRedis,
   stopAllChildren,
+  stopChildrenOnSignal,
   type GatewayProcess,
 } from './processes.js';
 
@@ -97,6 +98,7 @@ async function main(): Promise<void> {
     killAllChildrenNow();
     rmSync(tempDir, { recursive: true, force: true });
   });
+  stopChildrenOnSignal('bench:ab');
   try {
     const redis = await startRedis(tempDir);
     const upstream = await forkServer('upstream', compileServers(), 'upstream.js');

@@ -16,6 +16,7 @@ import {
   startGateway,
   startRedis,
   stopAllChildren,
+  stopChildrenOnSignal,
   stopChild,
   type Child,
 } from './processes.js';
@@ -138,12 +139,7 @@ async function main(): Promise<void> {
     killAllChildrenNow();
     rmSync(tempDir, { recursive: true, force: true });
   });
-  const interrupt = (signal: NodeJS.Signals): void => {
-    process.stderr.write(`\n${signal}: stopping every process bench:instructions started\n`);
-    void stopAllChildren().finally(() => process.exit(130));
-  };
-  process.once('SIGINT', interrupt);
-  process.once('SIGTERM', interrupt);
+  stopChildrenOnSignal('bench:instructions');
   const keys = apiKeys(64);
   const workloads = [quoteWorkload(keys), tokenWorkload(keys)];
   try {

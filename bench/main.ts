@@ -18,6 +18,7 @@ import {
   startGateway,
   startRedis,
   stopAllChildren,
+  stopChildrenOnSignal,
   stopChild,
 } from './processes.js';
 import { TARGETS, judge, printReport, type BenchResult, type RssByTarget, type TargetName } from './report.js';
@@ -243,12 +244,7 @@ function cleanUp(tempDir: string): Promise<void> {
 
 async function main(): Promise<void> {
   const tempDir = mkdtempSync(join(os.tmpdir(), 'oapi-bench-'));
-  const interrupt = (signal: NodeJS.Signals): void => {
-    log(`\n${signal}: stopping every process the benchmark started`);
-    void cleanUp(tempDir).finally(() => process.exit(130));
-  };
-  process.once('SIGINT', interrupt);
-  process.once('SIGTERM', interrupt);
+  stopChildrenOnSignal('the benchmark', () => cleanUp(tempDir));
   // Should anything still run at exit (an uncaught error), it dies with us.
   process.once('exit', () => {
     killAllChildrenNow();

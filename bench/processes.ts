@@ -90,6 +90,23 @@ export function killAllChildrenNow(): void {
   }
 }
 
+/**
+ * Ctrl-C or a SIGTERM stops every child (`cleanUp`) before the benchmark exits. A signal can come
+ * twice (a terminal sends SIGINT to tsx and to the script it runs, and tsx passes its own on): the
+ * later ones are ignored rather than ending the process before its children are stopped.
+ */
+export function stopChildrenOnSignal(name: string, cleanUp: () => Promise<void> = stopAllChildren): void {
+  let stopping = false;
+  const interrupt = (signal: NodeJS.Signals): void => {
+    if (stopping) return;
+    stopping = true;
+    process.stderr.write(`\n${signal}: stopping every process ${name} started\n`);
+    void cleanUp().finally(() => process.exit(130));
+  };
+  process.on('SIGINT', interrupt);
+  process.on('SIGTERM', interrupt);
+}
+
 async function waitFor(what: string, check: () => Promise<boolean>, child: Child, timeoutMs: number): Promise<void> {
   const deadline = Date.now() + timeoutMs;
   while (Date.now() < deadline) {
