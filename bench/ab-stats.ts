@@ -60,8 +60,8 @@ export function roundOrder<T>(processes: readonly T[], round: number): T[] {
   return [...processes.slice(k), ...processes.slice(0, k)];
 }
 
-/** A git ref as a directory name under .bench/builds/. */
-export function buildDirName(ref: string): string {
+/** A git ref or a target's label as a file or directory name under .bench/. */
+export function fileNameOf(ref: string): string {
   return ref.replace(/[^\w.-]+/g, '_');
 }
 

@@ -4,7 +4,7 @@ import os from 'node:os';
 import { join } from 'node:path';
 import { buildOf } from './builds.js';
 import { parseVariants, roundOrder, summariseBuilds, type ProcessSamples, type Variant } from './ab-stats.js';
-import { KnobError, intKnob } from './knobs.js';
+import { failureText, intKnob } from './knobs.js';
 import { mean } from './stats.js';
 import { writeBenchLimits } from './limits.js';
 import { apiKeys, measure, quoteWorkload, tokenWorkload, type Workload } from './load.js';
@@ -188,8 +188,7 @@ async function main(): Promise<void> {
 }
 
 main().catch((err: unknown) => {
-  const shown =
-    err instanceof KnobError ? err.message : err instanceof Error ? (err.stack ?? err.message) : String(err);
-  process.stderr.write(`bench:ab failed: ${shown}\n`);
+  process.stderr.write(`bench:ab failed: ${failureText(err)}
+`);
   process.exitCode = 1;
 });

@@ -1,7 +1,7 @@
 import { execFileSync } from 'node:child_process';
 import { mkdirSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
-import { buildDirName } from './ab-stats.js';
+import { fileNameOf } from './ab-stats.js';
 import { KnobError } from './knobs.js';
 import { REPO_ROOT } from './processes.js';
 
@@ -18,7 +18,7 @@ export function buildOf(ref: string, position: number): string {
   } catch {
     throw new KnobError(`${ref}: not a git commit, branch or tag (a node flag's value goes after "=": --flag=value)`);
   }
-  const dir = join(REPO_ROOT, '.bench', 'builds', `${position + 1}-${buildDirName(ref)}`);
+  const dir = join(REPO_ROOT, '.bench', 'builds', `${position + 1}-${fileNameOf(ref)}`);
   rmSync(dir, { recursive: true, force: true });
   mkdirSync(dir, { recursive: true });
   const files = ['src', 'package.json', 'tsconfig.json', 'tsconfig.build.json'];

@@ -78,10 +78,15 @@ export class Callgrind {
       // Thread 1 is the main thread (--separate-threads=yes numbers them from 01).
       const main = join(this.#dir, `${prefix}01`);
       if (!files.includes(main)) throw new Error(`callgrind wrote no ${prefix}01 (main thread) file`);
+      let mainThread = 0;
       let allThreads = 0;
-      for (const file of files) allThreads += summaryOf(readFileSync(file, 'utf8'));
+      for (const file of files) {
+        const instructions = summaryOf(readFileSync(file, 'utf8'));
+        allThreads += instructions;
+        if (file === main) mainThread = instructions;
+      }
       copyFileSync(main, keepMainThreadAs);
-      return { mainThread: summaryOf(readFileSync(main, 'utf8')), allThreads };
+      return { mainThread, allThreads };
     } finally {
       for (const file of files) rmSync(file, { force: true });
     }

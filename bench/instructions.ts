@@ -1,11 +1,11 @@
 import { copyFileSync, existsSync, mkdirSync, mkdtempSync, renameSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import { join, relative } from 'node:path';
-import { parseVariants, type Variant } from './ab-stats.js';
+import { fileNameOf, parseVariants, type Variant } from './ab-stats.js';
 import { buildOf } from './builds.js';
 import { Callgrind, medianWindow, type InstructionCount } from './callgrind.js';
 import { BARE, FLOOR, instructionTable, type Counted } from './instructions-report.js';
-import { KnobError, intKnob } from './knobs.js';
+import { KnobError, failureText, intKnob } from './knobs.js';
 import { writeBenchLimits } from './limits.js';
 import { apiKeys, quoteWorkload, sendExactly, tokenWorkload, type Workload } from './load.js';
 import {
@@ -78,7 +78,7 @@ async function countTarget(
       for (const workload of workloads) {
         callgrind.zero();
         await send(workload, knobs.requests);
-        const kept = `${target.label}-${workload.name}-${window}.callgrind`.replace(/[^\w.-]+/g, '_');
+        const kept = fileNameOf(`${target.label}-${workload.name}-${window}.callgrind`);
         windows.get(workload)?.push(dividedBy(callgrind.dump(join(PROFILES_DIR, kept)), knobs.requests));
       }
     }
@@ -90,8 +90,7 @@ async function countTarget(
     await stopChild(child, 60_000);
     // With --perf-basic-prof after a ref, V8 wrote its code map to /tmp: kept beside the profiles.
     const perfMap = `/tmp/perf-${child.pid}.map`;
-    if (existsSync(perfMap))
-      renameOrCopy(perfMap, join(PROFILES_DIR, `${target.label}.perf-map`.replace(/[^\w.-]+/g, '_')));
+    if (existsSync(perfMap)) renameOrCopy(perfMap, join(PROFILES_DIR, fileNameOf(`${target.label}.perf-map`)));
   }
   log(`  ${target.label}: counted`);
   return counted;
@@ -202,8 +201,7 @@ async function main(): Promise<void> {
 }
 
 main().catch((err: unknown) => {
-  const shown =
-    err instanceof KnobError ? err.message : err instanceof Error ? (err.stack ?? err.message) : String(err);
-  process.stderr.write(`bench:instructions failed: ${shown}\n`);
+  process.stderr.write(`bench:instructions failed: ${failureText(err)}
+`);
   process.exitCode = 1;
 });

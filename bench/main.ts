@@ -22,7 +22,7 @@ import {
   stopChild,
 } from './processes.js';
 import { TARGETS, judge, printReport, type BenchResult, type RssByTarget, type TargetName } from './report.js';
-import { KnobError, intKnob } from './knobs.js';
+import { failureText, intKnob } from './knobs.js';
 import { assertAlive, log, runRounds, runSpentKey, smokeTest, type Knobs, type Setup } from './rounds.js';
 
 /**
@@ -253,9 +253,7 @@ async function main(): Promise<void> {
   try {
     await run(tempDir);
   } catch (err) {
-    const shown =
-      err instanceof KnobError ? err.message : err instanceof Error ? (err.stack ?? err.message) : String(err);
-    process.stderr.write(`benchmark failed: ${shown}\n`);
+    process.stderr.write(`benchmark failed: ${failureText(err)}\n`);
     process.exitCode = 1;
   } finally {
     await cleanUp(tempDir);

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { buildDirName, parseVariants, roundOrder, summariseBuilds } from '../../bench/ab-stats.js';
+import { fileNameOf, parseVariants, roundOrder, summariseBuilds } from '../../bench/ab-stats.js';
 import { median } from '../../bench/stats.js';
 
 describe('bench:ab comparison', () => {
@@ -41,8 +41,8 @@ describe('bench:ab comparison', () => {
   });
 
   it('names a build directory after its ref without path separators', () => {
-    expect(buildDirName('origin/main~2')).toBe('origin_main_2');
-    expect(buildDirName('v1.2.3')).toBe('v1.2.3');
+    expect(fileNameOf('origin/main~2')).toBe('origin_main_2');
+    expect(fileNameOf('v1.2.3')).toBe('v1.2.3');
   });
 
   it('reads node flags and variables after a ref as that build’s, named as given', () => {
