@@ -216,7 +216,7 @@ class HttpExchange {
       proto: (incoming.socket as Socket & { encrypted?: boolean }).encrypted ? 'https' : 'http',
       requestId: request.requestId,
       framing,
-      ...(request.droppedHeaders ? { dropped: request.droppedHeaders } : {}),
+      dropped: request.droppedHeaders,
       added: request.addedHeaders,
     });
   }

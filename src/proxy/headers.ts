@@ -103,7 +103,7 @@ export interface ForwardHeaderValues {
   readonly requestId: string;
   readonly framing: BodyFraming;
   /** Further fields never forwarded (lower case), e.g. the API key's header. */
-  readonly dropped?: ReadonlySet<string>;
+  readonly dropped?: ReadonlySet<string> | undefined;
   /** Fields the gateway adds for the bridge (flat list), e.g. the consumer's key id. */
   readonly added?: readonly string[] | undefined;
   /** A WebSocket upgrade keeps `Connection: Upgrade` and `Upgrade`: they are the request. */

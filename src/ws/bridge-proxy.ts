@@ -108,7 +108,7 @@ export class WebSocketProxy {
       requestId: request.requestId,
       framing: { kind: 'none' },
       upgrade: incoming.headers.upgrade ?? 'websocket',
-      ...(request.droppedHeaders ? { dropped: request.droppedHeaders } : {}),
+      dropped: request.droppedHeaders,
       added: request.addedHeaders,
     });
     // http-proxy writes the upgrade request from req.headers.
