@@ -30,19 +30,25 @@ interface FixedFields {
   readonly limitDay: [string, string];
   readonly policy: [string, string];
 }
-const fixedFields = new Map<string, FixedFields>();
+/** By hour limit, then day limit: numbers as keys, where a string key would be built, hashed and compared per request. */
+const fixedFields = new Map<number, Map<number, FixedFields>>();
+let fixedCount = 0;
 const MAX_FIXED = 10_000;
 
 function fixedFieldsOf(hourLimit: number, dayLimit: number): FixedFields {
-  const key = hourLimit + '/' + dayLimit;
-  let fields = fixedFields.get(key);
+  let byDay = fixedFields.get(hourLimit);
+  let fields = byDay?.get(dayLimit);
   if (!fields) {
     fields = {
       limitHour: ['X-RateLimit-Limit-Hour', String(hourLimit)],
       limitDay: ['X-RateLimit-Limit-Day', String(dayLimit)],
       policy: ['RateLimit-Policy', `"hour";q=${hourLimit};w=${HOUR_SECONDS}, "day";q=${dayLimit};w=${DAY_SECONDS}`],
     };
-    if (fixedFields.size < MAX_FIXED) fixedFields.set(key, fields);
+    if (fixedCount < MAX_FIXED) {
+      if (!byDay) fixedFields.set(hourLimit, (byDay = new Map<number, FixedFields>()));
+      byDay.set(dayLimit, fields);
+      fixedCount++;
+    }
   }
   return fields;
 }
