@@ -122,4 +122,17 @@ describe('the access line', () => {
     for (const value of [0, -0, 1.25, NaN, Infinity, -Infinity, 1e21])
       expect(jsonNumber(value)).toBe(JSON.stringify(value));
   });
+
+  it('writes durations of hundredths, and any other number, as JSON.stringify does', () => {
+    // The access line's durations (Math.round(ms * 100) / 100), written from their whole part and hundredths.
+    const hundredths = fc.integer({ min: 0, max: 2e11 }).map((n) => n / 100);
+    for (const value of [0.01, 0.05, 0.1, 0.5, 0.99, 1, 1.01, 1.1, 1.13, 2.3, 10.07, 999_999_999.99, 1e9, 1e9 + 0.5])
+      expect(jsonNumber(value)).toBe(JSON.stringify(value));
+    fc.assert(
+      fc.property(fc.oneof(hundredths, fc.double(), fc.integer()), (value) => {
+        expect(jsonNumber(value)).toBe(JSON.stringify(value));
+      }),
+      { numRuns: 5000 },
+    );
+  });
 });
