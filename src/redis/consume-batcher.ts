@@ -38,9 +38,9 @@ interface Pending {
 }
 
 interface ConsumeCommands {
-  /** One counter: its key, the windows, its three arguments, the receipt. */
+  /** One counter: its key, the windows, its limits, the receipt. */
   oapiConsume(key: string, ...args: Array<string | number>): Promise<number[]>;
-  /** `numberOfKeys`, the counters, the windows, three arguments per counter, the receipt. */
+  /** `numberOfKeys`, the counters, the windows, the limits of every counter, the receipt. */
   oapiConsumeMany(numberOfKeys: number, ...keysThenArgs: Array<string | number>): Promise<number[]>;
 }
 
@@ -128,7 +128,7 @@ export class ConsumeBatcher {
     return batch;
   }
 
-  /** One script call for the whole batch: its counters, its windows, three arguments per counter, the call's receipt. */
+  /** One script call for the whole batch: its counters, its windows, their limits, the call's receipt. */
   #run(batch: readonly Pending[]): void {
     const receipt = this.#ledger.issue();
     const keysThenArgs: Array<string | number> = batch.map((p) => p.key);
