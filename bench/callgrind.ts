@@ -1,6 +1,7 @@
 import { execFileSync } from 'node:child_process';
 import { copyFileSync, readdirSync, readFileSync, rmSync } from 'node:fs';
 import { join } from 'node:path';
+import { KnobError } from './knobs.js';
 import type { Launcher } from './processes.js';
 
 /**
@@ -10,6 +11,33 @@ import type { Launcher } from './processes.js';
  * many times faster so, for the JIT's warm-up); `callgrind_control` switches it on, zeroes the
  * counters and dumps them, one file per thread.
  */
+
+/** Options the benchmark sets itself, which BENCH_INSTR_CALLGRIND may not change. */
+const OWN_OPTIONS = [
+  '--tool',
+  '--quiet',
+  '--separate-threads',
+  '--instr-atstart',
+  '--vgdb-prefix',
+  '--callgrind-out-file',
+];
+
+/**
+ * Further callgrind options (BENCH_INSTR_CALLGRIND, separated by spaces), e.g.
+ * `--separate-callers6=*Runtime_*`: V8's runtime functions told apart by their callers, which
+ * names the JavaScript that calls them (docs/performance.md "Counting instructions").
+ */
+export function callgrindOptions(raw: string | undefined): string[] {
+  const options = (raw ?? '').split(' ').filter(Boolean);
+  for (const option of options) {
+    if (!/^--[a-z][a-z-]*[0-9]*(=\S*)?$/.test(option))
+      throw new KnobError(`BENCH_INSTR_CALLGRIND: "${option}" is not an option (--name or --name=value)`);
+    const name = option.split('=')[0] as string;
+    if (OWN_OPTIONS.includes(name))
+      throw new KnobError(`BENCH_INSTR_CALLGRIND: ${name} is set by the benchmark itself`);
+  }
+  return options;
+}
 
 /** Instructions of one dump: the main thread's (where the event loop and all JavaScript run) and all threads'. */
 export interface InstructionCount {
@@ -22,11 +50,13 @@ export class Callgrind {
   readonly #name: string;
   #dumps = 0;
   #pid: number | undefined;
+  readonly #options: readonly string[];
 
-  /** Its files go to `dir` (a temporary directory), named after `name`. */
-  constructor(dir: string, name: string) {
+  /** Its files go to `dir` (a temporary directory), named after `name`; `options` are callgrind's own, from callgrindOptions. */
+  constructor(dir: string, name: string, options: readonly string[] = []) {
     this.#dir = dir;
     this.#name = name;
+    this.#options = options;
   }
 
   /** valgrind in front of node. */
@@ -40,6 +70,7 @@ export class Callgrind {
         '--instr-atstart=no',
         `--vgdb-prefix=${this.#vgdbPrefix()}`,
         `--callgrind-out-file=${join(this.#dir, `${this.#name}.out`)}`,
+        ...this.#options,
         process.execPath,
       ],
       // Node starts some ten times slower under valgrind.

@@ -3,7 +3,7 @@ import os from 'node:os';
 import { join, relative } from 'node:path';
 import { fileNameOf, parseVariants, type Variant } from './ab-stats.js';
 import { buildOf } from './builds.js';
-import { Callgrind, medianWindow, type InstructionCount } from './callgrind.js';
+import { Callgrind, callgrindOptions, medianWindow, type InstructionCount } from './callgrind.js';
 import { BARE, FLOOR, instructionTable, type Counted } from './instructions-report.js';
 import { KnobError, failureText, intKnob } from './knobs.js';
 import { writeBenchLimits } from './limits.js';
@@ -29,7 +29,7 @@ import {
  * doing: a change of 2 % shows in one run. Each target runs alone under callgrind with counting
  * off for BENCH_INSTR_WARMUP requests of each workload (the JIT's warm-up), then counts
  * BENCH_INSTR_WINDOWS windows of BENCH_INSTR_REQUESTS requests of each, BENCH_INSTR_CONNECTIONS at
- * a time; the median window is the figure.
+ * a time; the median window is the figure. BENCH_INSTR_CALLGRIND: further callgrind options.
  */
 
 const log = (line: string): void => void process.stdout.write(line + '\n');
@@ -58,9 +58,9 @@ async function countTarget(
   tempDir: string,
   position: number,
   workloads: readonly Workload[],
-  knobs: { warmup: number; requests: number; windows: number; connections: number },
+  knobs: { warmup: number; requests: number; windows: number; connections: number; callgrind: readonly string[] },
 ): Promise<Counted[]> {
-  const callgrind = new Callgrind(tempDir, `target-${position}`);
+  const callgrind = new Callgrind(tempDir, `target-${position}`, knobs.callgrind);
   const { child, url } = await target.start(callgrind);
   callgrind.attach(child.pid);
   const send = async (workload: Workload, count: number): Promise<void> => {
@@ -112,6 +112,7 @@ async function main(): Promise<void> {
     requests: intKnob('BENCH_INSTR_REQUESTS', 2000, 1, 100_000),
     windows: intKnob('BENCH_INSTR_WINDOWS', 3, 1, 20),
     connections: intKnob('BENCH_INSTR_CONNECTIONS', 8, 1, 1000),
+    callgrind: callgrindOptions(process.env.BENCH_INSTR_CALLGRIND),
   };
   const argv = process.argv.slice(2);
   const variants: Variant[] =

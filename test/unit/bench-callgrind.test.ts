@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { medianWindow, summaryOf } from '../../bench/callgrind.js';
+import { callgrindOptions, medianWindow, summaryOf } from '../../bench/callgrind.js';
 
 /** The figures `npm run bench:instructions` takes from callgrind's dumps (bench/callgrind.ts). */
 
@@ -28,5 +28,20 @@ describe('bench callgrind figures', () => {
     // Of an even number, the lower middle one.
     expect(medianWindow(windows.slice(0, 2)).median.mainThread).toBe(274_600);
     expect(() => medianWindow([])).toThrow('no window was counted');
+  });
+
+  it('takes further callgrind options, and refuses one the benchmark sets or one that is not an option', () => {
+    expect(callgrindOptions(undefined)).toEqual([]);
+    expect(callgrindOptions(' --separate-callers6=*Runtime_*  --dump-instr=yes')).toEqual([
+      '--separate-callers6=*Runtime_*',
+      '--dump-instr=yes',
+    ]);
+    expect(() => callgrindOptions('--callgrind-out-file=x')).toThrow(
+      'BENCH_INSTR_CALLGRIND: --callgrind-out-file is set by the benchmark itself',
+    );
+    expect(() => callgrindOptions('--instr-atstart=yes')).toThrow('--instr-atstart is set by the benchmark itself');
+    expect(() => callgrindOptions('node')).toThrow(
+      'BENCH_INSTR_CALLGRIND: "node" is not an option (--name or --name=value)',
+    );
   });
 });
