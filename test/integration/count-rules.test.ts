@@ -114,6 +114,39 @@ describe('CONSUME_SCRIPT', () => {
       { numRuns: 150 },
     );
   });
+
+  it('reads the limits of each request of a call, large ones too, and refuses a call without limits for every key', async () => {
+    const key = `${prefix}big${++run}`;
+    const request = (hourLimit: number, dayLimit: number, force = false): ConsumeRequest => ({
+      keyHash: 'k',
+      counterId: 'row',
+      hourStart: H,
+      dayStart: D,
+      expireAt: EXPIRE_AT,
+      hourLimit,
+      dayLimit,
+      force,
+    });
+    // The counter at 1,000,000 of its day: limits past 2^31 and up to 2^53 - 1 are read whole.
+    await client.hset(key, { hs: H, hc: 5, ds: D, dc: 1_000_000, rc: '' });
+    const items = [
+      request(2 ** 53 - 1, 2 ** 53 - 1),
+      request(10, 1_000_001), // day full after the first
+      request(6, 3_000_000_000), // hour full after the first
+      request(1, 1, true),
+    ].map((r) => ({ request: r }));
+    const keysThenArgs: Array<string | number> = items.map(() => key);
+    pushConsumeArgs(keysThenArgs, items, 'rcpt');
+    expect(await client.eval(CONSUME_SCRIPT, items.length, ...keysThenArgs)).toEqual([
+      1, 6, 1_000_001, 0, 6, 1_000_001, 0, 6, 1_000_001, 1, 7, 1_000_002,
+    ]);
+
+    // One request's limits for two keys: an error, and nothing counted.
+    const short: Array<string | number> = [key, key];
+    pushConsumeArgs(short, [{ request: request(100, 10_000_000) }], 'rcpt2');
+    await expect(client.eval(CONSUME_SCRIPT, 2, ...short)).rejects.toThrow('consume: no limits for key 2');
+    expect(await client.hmget(key, 'hc', 'dc')).toEqual(['7', '1000002']);
+  });
 });
 
 describe('MERGE_SCRIPT', () => {
