@@ -4,7 +4,7 @@ import os from 'node:os';
 import { join } from 'node:path';
 import { buildOf } from './builds.js';
 import { parseVariants, roundOrder, summariseBuilds, type ProcessSamples, type Variant } from './ab-stats.js';
-import { failureText, intKnob } from './knobs.js';
+import { intKnob, reportFailure } from './knobs.js';
 import { mean } from './stats.js';
 import { writeBenchLimits } from './limits.js';
 import { apiKeys, measure, quoteWorkload, tokenWorkload, type Workload } from './load.js';
@@ -187,8 +187,4 @@ async function main(): Promise<void> {
   }
 }
 
-main().catch((err: unknown) => {
-  process.stderr.write(`bench:ab failed: ${failureText(err)}
-`);
-  process.exitCode = 1;
-});
+main().catch((err: unknown) => reportFailure('bench:ab', err));

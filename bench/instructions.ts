@@ -5,7 +5,7 @@ import { fileNameOf, parseVariants, type Variant } from './ab-stats.js';
 import { buildOf } from './builds.js';
 import { Callgrind, callgrindOptions, medianWindow, type InstructionCount } from './callgrind.js';
 import { BARE, FLOOR, instructionTable, type Counted } from './instructions-report.js';
-import { KnobError, failureText, intKnob } from './knobs.js';
+import { KnobError, intKnob, reportFailure } from './knobs.js';
 import { writeBenchLimits } from './limits.js';
 import { apiKeys, quoteWorkload, sendExactly, tokenWorkload, type Workload } from './load.js';
 import {
@@ -201,8 +201,4 @@ async function main(): Promise<void> {
   }
 }
 
-main().catch((err: unknown) => {
-  process.stderr.write(`bench:instructions failed: ${failureText(err)}
-`);
-  process.exitCode = 1;
-});
+main().catch((err: unknown) => reportFailure('bench:instructions', err));

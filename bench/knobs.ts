@@ -1,9 +1,11 @@
 /** A wrong BENCH_* value or argument: reported in one line, without a stack. */
 export class KnobError extends Error {}
 
-/** What a benchmark prints when it fails: a KnobError's message alone, any other error's stack. */
-export function failureText(err: unknown): string {
-  return err instanceof KnobError ? err.message : err instanceof Error ? (err.stack ?? err.message) : String(err);
+/** A benchmark's failure on stderr, in one line for a KnobError, with the stack for any other error; exit code 1. */
+export function reportFailure(benchmark: string, err: unknown): void {
+  const text = err instanceof KnobError ? err.message : err instanceof Error ? (err.stack ?? err.message) : String(err);
+  process.stderr.write(`${benchmark} failed: ${text}\n`);
+  process.exitCode = 1;
 }
 
 /** A whole-number knob from the environment, `fallback` when unset or empty. */

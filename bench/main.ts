@@ -22,7 +22,7 @@ import {
   stopChild,
 } from './processes.js';
 import { TARGETS, judge, printReport, type BenchResult, type RssByTarget, type TargetName } from './report.js';
-import { failureText, intKnob } from './knobs.js';
+import { intKnob, reportFailure } from './knobs.js';
 import { assertAlive, log, runRounds, runSpentKey, smokeTest, type Knobs, type Setup } from './rounds.js';
 
 /**
@@ -253,8 +253,7 @@ async function main(): Promise<void> {
   try {
     await run(tempDir);
   } catch (err) {
-    process.stderr.write(`benchmark failed: ${failureText(err)}\n`);
-    process.exitCode = 1;
+    reportFailure('benchmark', err);
   } finally {
     await cleanUp(tempDir);
   }
