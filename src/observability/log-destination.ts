@@ -1,15 +1,20 @@
 import type { DestinationStream } from 'pino';
 
 /**
- * The log's output: lines gathered into batches of about `batchBytes` and handed to the writer
- * (pino's own sonic-boom destination, which writes them synchronously and retries a full pipe)
- * one batch at a time, or every `flushMs` when fewer come, so a quiet gateway's lines still
+ * The log's output: lines gathered into batches of at most `batchBytes` bytes and handed to the
+ * writer (pino's own sonic-boom destination, which writes them synchronously and retries a full
+ * pipe) one batch at a time, or every `flushMs` when fewer come, so a quiet gateway's lines still
  * appear at once. Every line pino writes comes through here too, so lines keep their order.
+ *
+ * The bound is what keeps lines whole with WORKERS=n, whose processes share the stdout they
+ * inherited: a write of at most PIPE_BUF bytes to a pipe is never split or mixed with another
+ * process's, a longer one can be when the pipe is full (pipe(7); docs/operations.md "Logs").
+ * A single line longer than a batch is handed over alone.
  *
  * sonic-boom's own `minLength` gathers lines by appending each to one growing string and
  * measuring its UTF-8 length again on every line, which flattens and copies the whole pending
- * batch once per line; here a line is only pushed to an array, and a batch is joined once
- * (docs/performance.md, change 9).
+ * batch once per line; here a line is measured once and pushed to an array, and a batch is
+ * joined once (docs/performance.md, change 9).
  */
 
 /** What the batch is handed to: sonic-boom, or any writable stream in tests. */
@@ -32,7 +37,7 @@ export function batchedDestination(
 ): BatchedDestination {
   const { batchBytes } = options;
   let lines: string[] = [];
-  // UTF-16 code units, not bytes: a batch size is a threshold, not a limit, and counting bytes costs a scan.
+  /** UTF-8 bytes of `lines`. */
   let pending = 0;
 
   const handOver = (): void => {
@@ -48,8 +53,10 @@ export function batchedDestination(
 
   return {
     write(line: string): void {
+      const bytes = Buffer.byteLength(line);
+      if (pending + bytes > batchBytes) handOver();
       lines.push(line);
-      pending += line.length;
+      pending += bytes;
       if (pending >= batchBytes) handOver();
     },
     flush(cb) {

@@ -13,10 +13,14 @@ export type LogLevel = 'fatal' | 'error' | 'warn' | 'info' | 'debug' | 'trace' |
 
 let stdout: BatchedDestination | undefined;
 
+/** Linux's bound on a write to a pipe that is never split (pipe(7)). */
+const PIPE_BUF = 4096;
+
 /**
  * The process's one stdout destination, shared by every logger in it so their lines keep their
- * order. Lines are written in batches of 4 KB, or every 100 ms when fewer come: one write call
- * per dozen lines instead of one per request, and a quiet gateway's lines still appear at once.
+ * order. Lines are written in batches of at most PIPE_BUF (4 KB), or every 100 ms when fewer come:
+ * one write call per dozen lines instead of one per request, no line cut into by another worker's
+ * (log-destination.ts), and a quiet gateway's lines still appear at once.
  * A batch is written synchronously: a write of 4 KB costs less than handing it to the thread
  * pool. What is gathered is written out on the process's 'exit' event: a normal end,
  * process.exit() (the gateway's own after SIGTERM or SIGINT), an uncaught exception or
@@ -26,7 +30,7 @@ let stdout: BatchedDestination | undefined;
 function stdoutDestination(): BatchedDestination {
   if (!stdout) {
     const destination = batchedDestination(pino.destination({ dest: 1, sync: true }), {
-      batchBytes: 4096,
+      batchBytes: PIPE_BUF,
       flushMs: 100,
     });
     process.once('exit', () => {

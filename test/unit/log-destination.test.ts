@@ -1,3 +1,4 @@
+import fc from 'fast-check';
 import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import { batchedDestination } from '../../src/observability/log-destination.js';
 import { accessLogWriter, createLogger } from '../../src/observability/logger.js';
@@ -27,7 +28,7 @@ describe('batchedDestination', () => {
   beforeEach(() => vi.useFakeTimers());
   afterEach(() => vi.useRealTimers());
 
-  it('hands lines over in one batch once they reach the batch size, in order', () => {
+  it('hands lines over in one batch once they fill the batch size, in order; a longer line goes alone', () => {
     const writer = recordingWriter();
     const destination = batchedDestination(writer, { batchBytes: 10, flushMs: 100 });
     destination.write('aaaa\n');
@@ -36,7 +37,43 @@ describe('batchedDestination', () => {
     expect(writer.batches).toEqual(['aaaa\nbbbb\n']);
     destination.write('c\n');
     destination.write('dddddddddd\n');
-    expect(writer.batches).toEqual(['aaaa\nbbbb\n', 'c\ndddddddddd\n']);
+    expect(writer.batches).toEqual(['aaaa\nbbbb\n', 'c\n', 'dddddddddd\n']);
+  });
+
+  it('counts a batch in UTF-8 bytes, not characters: no batch passes the bound', () => {
+    const writer = recordingWriter();
+    const destination = batchedDestination(writer, { batchBytes: 10, flushMs: 100 });
+    // 4 characters, 7 bytes each: two would be 8 characters but 14 bytes.
+    destination.write('ééé\n');
+    destination.write('ééé\n');
+    expect(writer.batches).toEqual(['ééé\n']);
+    destination.flushSync();
+    expect(writer.batches).toEqual(['ééé\n', 'ééé\n']);
+  });
+
+  it('hands over every line once, in order, in batches within the bound unless a line alone is longer', () => {
+    fc.assert(
+      fc.property(
+        fc.array(
+          fc.string({ unit: 'binary', maxLength: 40 }).map((text) => text.replaceAll('\n', '') + '\n'),
+          { maxLength: 60 },
+        ),
+        fc.integer({ min: 1, max: 120 }),
+        (lines, batchBytes) => {
+          const writer = recordingWriter();
+          const destination = batchedDestination(writer, { batchBytes, flushMs: 100 });
+          for (const line of lines) destination.write(line);
+          destination.flushSync();
+          expect(writer.batches.join('')).toBe(lines.join(''));
+          for (const batch of writer.batches) {
+            const bytes = Buffer.byteLength(batch);
+            const oneLine = batch.indexOf('\n') === batch.length - 1;
+            expect(bytes <= batchBytes || oneLine).toBe(true);
+          }
+        },
+      ),
+      { numRuns: 500 },
+    );
   });
 
   it('hands over what is gathered every flushMs, and nothing when nothing came', () => {
