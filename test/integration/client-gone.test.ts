@@ -41,3 +41,20 @@ it('sends nothing to the bridge for a client that left during the checks, and lo
   const metrics = await (await fetch(`${gw.adminUrl}/metrics`)).text();
   expect(metrics).toMatch(/^oapi_gateway_requests_total\{endpoint="GET \/orders\/\{id\}",status="499"\} 1$/m);
 });
+
+it('sends nothing to the bridge for a client that left while its small body was still coming, and logs it as 499', async () => {
+  const key = `gone-body-${Date.now()}`;
+  const before = gw.eqt.requests.length;
+  const socket = net.connect(gw.port, '127.0.0.1');
+  await new Promise((r) => socket.once('connect', r));
+  // A body read whole before it is sent (GATHERED_BODY_BYTES): 10 of its 100 bytes come.
+  socket.write(
+    `POST /orders HTTP/1.1\r\nHost: x\r\nX-API-Key: ${key}\r\nX-Request-Id: gone-2\r\nContent-Length: 100\r\n\r\n${'x'.repeat(10)}`,
+  );
+  await new Promise((r) => setTimeout(r, 300));
+  socket.resetAndDestroy();
+  await new Promise((r) => setTimeout(r, 300));
+  expect(gw.eqt.requests.length).toBe(before);
+  const line = gw.logs.find((l) => l.msg === 'request' && l.reqId === 'gone-2');
+  expect(line).toMatchObject({ status: 499, endpoint: 'POST /orders' });
+});

@@ -3,6 +3,7 @@ import net from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startSandboxBridge, type SandboxBridge } from '../../src/sandbox/bridge.js';
 import { DEMO_PASSWORD, DEMO_USERNAME } from '../../src/sandbox/bodies.js';
+import { GATHERED_BODY_BYTES } from '../../src/proxy/forwarder.js';
 import { startTestGateway, type TestGateway } from '../helpers/gateway.js';
 import { USAGE_HEADER_KEYS, expectTwoFields, type Reply } from '../helpers/http.js';
 import { refusingPort } from '../helpers/redis.js';
@@ -326,20 +327,28 @@ describe('a client that stops sending its body, and a bridge that stops reading 
     expect(out.ms).toBeLessThan(2500);
   });
 
-  it('closes the connection of a client that stalls and never closes its side, and the bridge connection with it (regression: both stayed open for good)', async () => {
-    const before = bridge.connections.length;
-    const reused = bridge.connections.filter((c) => !c.closed);
+  /** A client that sends the head and 10 bytes of its body, then nothing, and never closes its side. */
+  const stalledUpload = (path: string, contentLength: number) => {
     // allowHalfOpen: this client does not close its side when the gateway closes its own.
     const socket = net.connect({ port: Number(new URL(strict.url).port), host: '127.0.0.1', allowHalfOpen: true });
     socket.on('error', () => {});
     socket.setEncoding('latin1');
-    let received = '';
-    socket.on('data', (chunk: string) => (received += chunk));
+    const seen = { received: '', ended: false };
+    socket.on('data', (chunk: string) => (seen.received += chunk));
+    socket.on('end', () => (seen.ended = true));
+    socket.write(
+      `POST ${path} HTTP/1.1\r\nHost: x\r\nX-API-Key: ${newKey()}\r\nContent-Length: ${contentLength}\r\n\r\n${'x'.repeat(10)}`,
+    );
+    return { socket, seen };
+  };
+
+  it('closes the connection of a client that stalls and never closes its side, and the bridge connection with it (regression: both stayed open for good)', async () => {
+    const before = bridge.connections.length;
+    const reused = bridge.connections.filter((c) => !c.closed);
+    // Longer than GATHERED_BODY_BYTES: the body streams to the bridge as it comes.
+    const { socket, seen } = stalledUpload('/orders/half', GATHERED_BODY_BYTES + 1000);
     try {
-      socket.write(
-        `POST /orders/half HTTP/1.1\r\nHost: x\r\nX-API-Key: ${newKey()}\r\nContent-Length: 1000\r\n\r\n${'x'.repeat(10)}`,
-      );
-      await waitFor('the 408', () => received.startsWith('HTTP/1.1 408 '), 3000);
+      await waitFor('the 408', () => seen.received.startsWith('HTTP/1.1 408 '), 3000);
       const carrier = () =>
         [...reused, ...bridge.connections.slice(before)].filter((c) => c.paths.at(-1) === '/orders/half');
       await waitFor(
@@ -347,6 +356,18 @@ describe('a client that stops sending its body, and a bridge that stops reading 
         () => carrier().length === 1 && carrier().every((c) => c.closed),
         4000,
       );
+    } finally {
+      socket.destroy();
+    }
+  });
+
+  it('never sends the bridge a small body that stalls, and closes the client connection', async () => {
+    // Up to GATHERED_BODY_BYTES a body is read whole before anything goes to the bridge.
+    const { socket, seen } = stalledUpload('/orders/half-small', 1000);
+    try {
+      await waitFor('the 408', () => seen.received.startsWith('HTTP/1.1 408 '), 3000);
+      await waitFor('the gateway to close its side', () => seen.ended, 4000);
+      expect(bridge.connections.filter((c) => c.paths.includes('/orders/half-small'))).toEqual([]);
     } finally {
       socket.destroy();
     }

@@ -320,6 +320,36 @@ describe('step 5: forwarding', () => {
     expect(gw.fno.requests.at(-1)?.headers['content-length']).toBe(String(body.length));
   });
 
+  it('sends a body that arrives in pieces to the bridge whole and byte for byte (read whole up to GATHERED_BODY_BYTES)', async () => {
+    // MAX_BODY_BYTES is 2048 here, so 2048 bytes are the most this gateway reads whole.
+    const body = Buffer.from(Array.from({ length: 2048 }, (_, i) => (i * 131 + 7) % 256));
+    const before = gw.eqt.requests.length;
+    const reply = await new Promise<number>((resolve, reject) => {
+      const request = http.request(
+        `${gw.url}/orders`,
+        { method: 'POST', agent: false, headers: { 'X-API-Key': newKey(), 'Content-Length': String(body.length) } },
+        (res) => {
+          res.resume();
+          res.on('end', () => resolve(res.statusCode ?? 0));
+        },
+      );
+      request.on('error', reject);
+      request.flushHeaders();
+      // Three writes, apart: the gateway gets the body in more than one read.
+      const parts = [body.subarray(0, 1), body.subarray(1, 1000), body.subarray(1000)];
+      const next = (i: number): void => {
+        if (i === parts.length) request.end();
+        else request.write(parts[i], () => setTimeout(() => next(i + 1), 30));
+      };
+      next(0);
+    });
+    expect(reply).toBe(200);
+    expect(gw.eqt.requests.length).toBe(before + 1);
+    const received = gw.eqt.requests.at(-1);
+    expect(received?.body.equals(body)).toBe(true);
+    expect(received?.headers['content-length']).toBe('2048');
+  });
+
   it('passes the bridge error body back byte for byte, Vietnamese text included', async () => {
     const reply = await send(gw.url, {
       method: 'POST',
