@@ -7,7 +7,7 @@ import { parseVariants, roundOrder, summariseBuilds, type ProcessSamples, type V
 import { intKnob, reportFailure } from './knobs.js';
 import { mean } from './stats.js';
 import { writeBenchLimits } from './limits.js';
-import { apiKeys, measure, quoteWorkload, tokenWorkload, type Workload } from './load.js';
+import { apiKeys, measure, orderWorkload, quoteWorkload, tokenWorkload, type Workload } from './load.js';
 import {
   clockTicksPerSecond,
   cpuTicks,
@@ -34,7 +34,7 @@ import {
  * generator, the upstream and Redis the other CPUs (with taskset, when the machine has two or
  * more); the processes take turns, one measurement each per workload and round, in an order
  * rotated every round. Knobs: BENCH_AB_ROUNDS (6), BENCH_AB_DURATION (s, 2), BENCH_AB_PROCESSES
- * (3), BENCH_AB_WORKLOADS (quote,token), BENCH_CONNECTIONS (50).
+ * (3), BENCH_AB_WORKLOADS (quote,token; also order), BENCH_CONNECTIONS (50).
  */
 
 const log = (line: string): void => void process.stdout.write(line + '\n');
@@ -72,10 +72,14 @@ async function main(): Promise<void> {
   }
   const workloadNames = (process.env.BENCH_AB_WORKLOADS ?? 'quote,token').split(',');
   const keys = apiKeys(64);
-  const all: Record<string, Workload> = { quote: quoteWorkload(keys), token: tokenWorkload(keys) };
+  const all: Record<string, Workload> = {
+    quote: quoteWorkload(keys),
+    token: tokenWorkload(keys),
+    order: orderWorkload(keys),
+  };
   const workloads = workloadNames.map((name) => {
     const workload = all[name];
-    if (!workload) throw new Error(`BENCH_AB_WORKLOADS: no workload "${name}" (quote, token)`);
+    if (!workload) throw new Error(`BENCH_AB_WORKLOADS: no workload "${name}" (quote, token, order)`);
     return workload;
   });
   // A build given twice (an A/A run) is two builds: the second is labelled with its position.

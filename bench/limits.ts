@@ -5,7 +5,7 @@ import { REPO_ROOT } from './processes.js';
 
 /**
  * The limit table the benchmarked gateway runs with: the shipped `limits.yaml` (all its rows,
- * so route matching costs what it costs in production) with the two measured rows raised far
+ * so route matching costs what it costs in production) with the measured rows raised far
  * beyond what a run can use, so no allowed request is refused, and one row lowered to a tiny
  * hourly limit for the spent-key measurement.
  */
@@ -13,6 +13,7 @@ import { REPO_ROOT } from './processes.js';
 export const HUGE = 1_000_000_000;
 export const TOKEN_ROUTE = 'POST /auth/token';
 export const QUOTE_ROUTE = 'GET /marketdata/quote/{symbol}';
+export const ORDER_ROUTE = 'POST /orders';
 export const SPENT_ROUTE = 'GET /marketdata/orderbook/{symbol}';
 export const SPENT_PER_HOUR = 2;
 const SPENT_PER_DAY = 1000;
@@ -36,6 +37,7 @@ export function writeBenchLimits(dir: string): string {
   const table = parse(readFileSync(join(REPO_ROOT, 'limits.yaml'), 'utf8')) as { limits: Row[] };
   setLimits(table.limits, TOKEN_ROUTE, HUGE, HUGE);
   setLimits(table.limits, QUOTE_ROUTE, HUGE, HUGE);
+  setLimits(table.limits, ORDER_ROUTE, HUGE, HUGE);
   setLimits(table.limits, SPENT_ROUTE, SPENT_PER_HOUR, SPENT_PER_DAY);
   const path = join(dir, 'bench-limits.yaml');
   writeFileSync(path, `# Written by bench/limits.ts for one benchmark run.\n${stringify(table)}`);

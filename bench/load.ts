@@ -2,12 +2,12 @@ import http from 'node:http';
 import autocannon from 'autocannon';
 
 /**
- * The two workloads and one measurement with autocannon. Every target gets byte-for-byte the
+ * The workloads and one measurement with autocannon. Every target gets byte-for-byte the
  * same requests, API-key header included, so the only difference is what sits in front of
  * the upstream.
  */
 
-export type WorkloadName = 'token' | 'quote';
+export type WorkloadName = 'token' | 'quote' | 'order';
 
 export interface Workload {
   readonly name: WorkloadName;
@@ -17,6 +17,7 @@ export interface Workload {
 }
 
 export const TOKEN_PATH = '/oapi/auth/gen-secret-key/underlying';
+export const ORDER_PATH = '/orders';
 const SYMBOLS = ['VNM', 'FPT', 'HPG', 'VCB', 'MWG', 'SSI', 'VIC', 'MSN'];
 
 export function apiKeys(count: number, prefix = 'bench-key'): string[] {
@@ -31,6 +32,25 @@ export function tokenWorkload(keys: readonly string[]): Workload {
     requests: keys.map((key) => ({
       method: 'POST',
       path: TOKEN_PATH,
+      headers: { 'content-type': 'application/json', 'x-api-key': key },
+      body,
+    })),
+  };
+}
+
+/**
+ * An order placed: a small JSON body on a route that is not a credential route, which the gateway
+ * forwards as it came (`npm run bench:ab` with BENCH_AB_WORKLOADS=order; docs/performance.md,
+ * change 14).
+ */
+export function orderWorkload(keys: readonly string[]): Workload {
+  const body = JSON.stringify({ account: '0001', symbol: 'VNM', side: 'buy', quantity: 100, price: 61500 });
+  return {
+    name: 'order',
+    label: `POST ${ORDER_PATH}`,
+    requests: keys.map((key) => ({
+      method: 'POST',
+      path: ORDER_PATH,
       headers: { 'content-type': 'application/json', 'x-api-key': key },
       body,
     })),
