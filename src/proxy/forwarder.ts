@@ -113,9 +113,9 @@ export class Forwarder {
 /**
  * A request body of known length up to this is read whole before it is sent, as one buffer with
  * the head; a longer one, or one without a length, is streamed. Streaming a small body cost the
- * gateway a fifth more CPU per request: a write for the head and one for the body, and, measured
- * under load, requests that outlived V8's young generation and filled the old one
- * (docs/performance.md, change 14). The bound is what a streamed body holds in its buffers anyway.
+ * gateway about 30 % more CPU per request: under load, whole requests outlived V8's young
+ * generation and filled the old one (docs/performance.md, change 14). The bound is what a
+ * streamed body holds in its buffers anyway.
  */
 export const GATHERED_BODY_BYTES = 16 * 1024;
 
