@@ -5,7 +5,9 @@
  *
  * - The bridge has UPSTREAM_TIMEOUT_MS to send its status line from the moment it has the whole
  *   request; a slow upload is the client's time (bounded by REQUEST_TIMEOUT_MS), unless the bridge
- *   stops reading it. No status line in time: 504. Cannot be reached: 502.
+ *   stops reading it. A body read whole before it is sent (proxy/forwarder.ts, GATHERED_BODY_BYTES)
+ *   starts the bridge's time afresh when it is all here, since only then is the bridge reached.
+ *   No status line in time: 504. Cannot be reached: 502.
  * - Once the status line was passed on, a bridge that breaks off or stalls UPSTREAM_TIMEOUT_MS
  *   cuts the client's connection: a cut answer, never a wrong one.
  * - A GET or HEAD that meets a kept-alive connection the bridge had just closed is sent once more
@@ -43,6 +45,8 @@ export interface ExchangeState {
 }
 
 export type ExchangeEvent =
+  /** A body read whole before it is sent is all here: it goes to the bridge now. */
+  | { readonly type: 'body-read' }
   /** The bridge has the request's last byte. */
   | { readonly type: 'request-sent' }
   | { readonly type: 'response' }
@@ -129,6 +133,9 @@ export function step(state: ExchangeState, event: ExchangeEvent): Transition {
   if (ENDED.has(phase)) return stay(state);
   const answered = phase === 'streaming';
   switch (event.type) {
+    case 'body-read':
+      // The upload was the client's time; connecting and sending it is the bridge's, from now.
+      return phase === 'sending' ? stay(state, REFRESH) : stay(state);
     case 'request-sent':
       // From now on any wait is the bridge's.
       return phase === 'sending' ? to(state, 'waiting', REFRESH) : stay(state);

@@ -187,7 +187,7 @@ class HttpExchange {
   #attempt: Attempt | undefined;
   /** The client's streamed body as the bridge reads it (never the client's stream itself, which undici would destroy on an abort). */
   #body: Readable | undefined;
-  /** The parts of a gathered body as they arrive, then the whole body. */
+  /** The parts of a gathered body as they arrive. */
   #gathered: Buffer[] = [];
   #status: number | undefined;
   #reason: Reason | undefined;
@@ -288,8 +288,11 @@ class HttpExchange {
     switch (this.#source) {
       case 'buffered':
         return buffered ?? null;
-      case 'gathered':
-        return this.#gathered.length === 1 ? (this.#gathered[0] as Buffer) : Buffer.concat(this.#gathered);
+      case 'gathered': {
+        const whole = this.#gathered.length === 1 ? (this.#gathered[0] as Buffer) : Buffer.concat(this.#gathered);
+        this.#gathered = [];
+        return whole;
+      }
       case 'streamed':
         return this.#body ?? null;
       case 'none':
@@ -440,6 +443,7 @@ class HttpExchange {
   };
 
   readonly #onGatheredEnd = (): void => {
+    this.#dispatch({ type: 'body-read' });
     // The client left (or the exchange ended otherwise) while its body came: nothing is sent.
     if (!isEnded(this.#state)) this.#send();
   };

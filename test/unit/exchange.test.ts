@@ -47,6 +47,12 @@ describe('the bridge timer', () => {
     expect(step(at('sending'), timer(true, false))).toEqual({ state: at('sending'), actions: ['refresh-timer'] });
   });
 
+  it('starts again when a body read whole is all here, for the bridge is only reached then', () => {
+    expect(step(at('sending'), { type: 'body-read' })).toEqual({ state: at('sending'), actions: ['refresh-timer'] });
+    for (const phase of ['waiting', 'streaming'] as const)
+      expect(step(at(phase), { type: 'body-read' })).toEqual({ state: at(phase), actions: [] });
+  });
+
   it('is the bridge’s once it stops reading the body: 504', () => {
     expect(step(at('sending'), timer(true, true))).toEqual({
       state: at('timed-out'),
@@ -122,6 +128,7 @@ describe('the client', () => {
 describe('an ended exchange', () => {
   it('ignores whatever the sockets still report', () => {
     const events: ExchangeEvent[] = [
+      { type: 'body-read' },
       { type: 'request-sent' },
       { type: 'response' },
       { type: 'response-end' },
@@ -140,6 +147,7 @@ describe('an ended exchange', () => {
 
   it('is reached from every phase by every path, and no transition asks for both an answer and a cut', () => {
     const events: ExchangeEvent[] = [
+      { type: 'body-read' },
       { type: 'request-sent' },
       { type: 'response' },
       { type: 'response-end' },
