@@ -13,8 +13,9 @@ import { requestHeaderList, responseHeaderList, type BodyFraming } from './heade
  * HTTP forwarding to the bridges with undici: one connection pool per bridge (kept alive, one
  * request at a time per connection), one `dispatch` per exchange, bodies streamed both ways with
  * backpressure, but for a request body of known length up to GATHERED_BODY_BYTES, which is read
- * whole and sent with the head in one write. undici's dispatch API costs far less per request than `http.request` (no
- * ClientRequest or IncomingMessage objects, no agent bookkeeping): docs/performance.md
+ * whole and written with the head (undici corks the two into one write). undici's dispatch API
+ * costs far less per request than `http.request` (no ClientRequest or IncomingMessage objects,
+ * no agent bookkeeping): docs/performance.md
  * has the measurements. The bridge's status, headers and body come back unchanged, in one
  * `writeHead` with the gateway's usage headers added. What happens when is decided by the state
  * machine of proxy/exchange.ts; this module only turns undici's callbacks into its events and its
