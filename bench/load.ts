@@ -24,18 +24,23 @@ export function apiKeys(count: number, prefix = 'bench-key'): string[] {
   return Array.from({ length: count }, (_, i) => `${prefix}-${String(i).padStart(3, '0')}`);
 }
 
-export function tokenWorkload(keys: readonly string[]): Workload {
-  const body = JSON.stringify({ username: 'demo', password: 'demo-password' });
+/** The same JSON `POST` from every key of the pool. */
+function jsonPostWorkload(name: WorkloadName, path: string, payload: object, keys: readonly string[]): Workload {
+  const body = JSON.stringify(payload);
   return {
-    name: 'token',
-    label: `POST ${TOKEN_PATH}`,
+    name,
+    label: `POST ${path}`,
     requests: keys.map((key) => ({
       method: 'POST',
-      path: TOKEN_PATH,
+      path,
       headers: { 'content-type': 'application/json', 'x-api-key': key },
       body,
     })),
   };
+}
+
+export function tokenWorkload(keys: readonly string[]): Workload {
+  return jsonPostWorkload('token', TOKEN_PATH, { username: 'demo', password: 'demo-password' }, keys);
 }
 
 /**
@@ -44,17 +49,8 @@ export function tokenWorkload(keys: readonly string[]): Workload {
  * change 14).
  */
 export function orderWorkload(keys: readonly string[]): Workload {
-  const body = JSON.stringify({ account: '0001', symbol: 'VNM', side: 'buy', quantity: 100, price: 61500 });
-  return {
-    name: 'order',
-    label: `POST ${ORDER_PATH}`,
-    requests: keys.map((key) => ({
-      method: 'POST',
-      path: ORDER_PATH,
-      headers: { 'content-type': 'application/json', 'x-api-key': key },
-      body,
-    })),
-  };
+  const order = { account: '0001', symbol: 'VNM', side: 'buy', quantity: 100, price: 61500 };
+  return jsonPostWorkload('order', ORDER_PATH, order, keys);
 }
 
 export function quoteWorkload(keys: readonly string[]): Workload {
