@@ -1,3 +1,4 @@
+import { spawn } from 'node:child_process';
 import net from 'node:net';
 
 /**
@@ -125,4 +126,59 @@ function answer(socket: net.Socket, mode: string): void {
     default:
       socket.end('HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n');
   }
+}
+
+export interface UnreachableInTimeBridge {
+  readonly url: string;
+  close(): Promise<void>;
+}
+
+/**
+ * A listening port whose accept queue is full: a new connection to it neither succeeds nor fails
+ * (Linux drops the SYN and the client retries it after a second, then later), the way a bridge
+ * overwhelmed by connections looks from the gateway. The listener lives in a child process whose
+ * event loop is blocked, so nothing ever accepts; the queue (backlog 1) is filled with two
+ * connections of the test's own. The child exits by itself after `lifetimeMs`.
+ */
+export async function startUnreachableInTimeBridge(lifetimeMs = 30_000): Promise<UnreachableInTimeBridge> {
+  const script = `
+    const net = require('node:net');
+    const server = net.createServer();
+    server.listen({ port: 0, host: '127.0.0.1', backlog: 1 }, () => {
+      process.stdout.write(server.address().port + '\\n', () => {
+        Atomics.wait(new Int32Array(new SharedArrayBuffer(4)), 0, 0, ${lifetimeMs});
+        process.exit(0);
+      });
+    });`;
+  const child = spawn(process.execPath, ['-e', script], { stdio: ['ignore', 'pipe', 'inherit'] });
+  const port = await new Promise<number>((resolve, reject) => {
+    let out = '';
+    child.stdout.setEncoding('utf8');
+    child.stdout.on('data', (chunk: string) => {
+      out += chunk;
+      if (out.includes('\n')) resolve(Number(out.trim()));
+    });
+    child.on('exit', (code) => reject(new Error(`the listener exited (${code}) before it listened`)));
+  });
+  // Backlog 1 holds two completed connections (Linux: full when more than the backlog wait).
+  const fillers = await Promise.all(
+    [0, 1].map(
+      () =>
+        new Promise<net.Socket>((resolve, reject) => {
+          const socket = net.connect({ port, host: '127.0.0.1' }, () => resolve(socket));
+          socket.on('error', reject);
+        }),
+    ),
+  );
+  return {
+    url: `http://127.0.0.1:${port}`,
+    close: async () => {
+      for (const socket of fillers) socket.destroy();
+      if (child.exitCode === null) {
+        const exited = new Promise((resolve) => child.once('exit', resolve));
+        child.kill('SIGKILL');
+        await exited;
+      }
+    },
+  };
 }

@@ -8,7 +8,13 @@ import { startTestGateway, type TestGateway } from '../helpers/gateway.js';
 import { USAGE_HEADER_KEYS, expectTwoFields, type Reply } from '../helpers/http.js';
 import { refusingPort } from '../helpers/redis.js';
 import { attempt, usageOfRow, waitFor } from '../helpers/faults.js';
-import { OK_BODY, startFaultyBridge, type FaultyBridge } from '../helpers/faulty-bridge.js';
+import {
+  OK_BODY,
+  startFaultyBridge,
+  startUnreachableInTimeBridge,
+  type FaultyBridge,
+  type UnreachableInTimeBridge,
+} from '../helpers/faulty-bridge.js';
 
 /**
  * Bridges that fail (README "Forwarding"; docs/operations.md "Bridges"): refused, reset mid-answer, silent, stalled
@@ -299,6 +305,40 @@ describe.each([
     // Counted from the end of the upload (~200 ms), not from its start.
     expect(out.ms).toBeGreaterThanOrEqual(200 + UPSTREAM_TIMEOUT_MS - 20);
     expect(out.ms).toBeLessThan(200 + UPSTREAM_TIMEOUT_MS + 1000);
+  });
+});
+
+describe('a bridge that cannot be reached in time, after a slow upload of a small body', () => {
+  let unreachable: UnreachableInTimeBridge;
+  let late: TestGateway;
+  beforeAll(async () => {
+    unreachable = await startUnreachableInTimeBridge();
+    late = await startTestGateway({
+      limits: LIMITS,
+      env: {
+        EQT_BRIDGE_URL: unreachable.url,
+        FNO_BRIDGE_URL: unreachable.url,
+        UPSTREAM_TIMEOUT_MS: String(UPSTREAM_TIMEOUT_MS),
+        LOG_LEVEL: 'warn',
+      },
+    });
+  });
+  afterAll(async () => {
+    await late?.stop();
+    await unreachable?.close();
+  });
+
+  it('gets its 504 UPSTREAM_TIMEOUT_MS after the upload ended, not sooner (regression: a body read whole reached for the bridge on time the upload had used)', async () => {
+    // Two pieces 450 ms apart: the body is read whole, and only then does the gateway connect to the
+    // bridge, whose full accept queue keeps the connection from ever completing.
+    const uploadMs = 450;
+    const out = await slowUpload('/orders/ok', newKey(), 2, uploadMs, 2, late, 500);
+    expect(out.status).toBe(504);
+    expect(JSON.parse(out.text)).toEqual({ error: 'Gateway Timeout', message: 'Bridge did not answer in time' });
+    // The bridge's time starts when the body is all here. Counted from the request's start, it would
+    // have ended at 2 × UPSTREAM_TIMEOUT_MS (600 ms), the upload's own refresh of the timer included.
+    expect(out.ms).toBeGreaterThanOrEqual(uploadMs + UPSTREAM_TIMEOUT_MS - 20);
+    expect(out.ms).toBeLessThan(uploadMs + UPSTREAM_TIMEOUT_MS + 1000);
   });
 });
 
