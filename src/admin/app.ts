@@ -1,3 +1,4 @@
+import type { ServerResponse } from 'node:http';
 import { Hono, type Context, type ErrorHandler, type MiddlewareHandler } from 'hono';
 import { bearerAuth } from 'hono/bearer-auth';
 import type { ReloadResult, TableHolder } from '../config/table-holder.js';
@@ -5,6 +6,7 @@ import type { EventBus } from '../events/bus.js';
 import type { ApiKeyMode } from '../config/settings.js';
 import type { InvalidKeyGuard } from '../keys/guard.js';
 import type { KeyRegistry } from '../keys/registry.js';
+import { STATUS_PHRASES } from '../lib/answers.js';
 import { sha256Hex } from '../lib/hash.js';
 import type { Limiter } from '../limits/limiter.js';
 import { StoreUnavailableError } from '../limits/store.js';
@@ -50,6 +52,7 @@ export interface AdminDeps {
 
 export function createAdminApp(deps: AdminDeps): Hono {
   const app = new Hono();
+  app.use(statusLines());
   app.use(adminLog(deps.logger));
   app.route('/', statusApp(deps));
   app.use('/admin/*', adminAuth(deps.adminToken));
@@ -60,6 +63,20 @@ export function createAdminApp(deps: AdminDeps): Hono {
   app.notFound((c) => refusal(c, 404, 'No such admin endpoint'));
   app.onError(adminErrors(deps.logger));
   return app;
+}
+
+/**
+ * Status lines with the reason phrases of RFC 9110, like the public listener's (lib/answers.ts):
+ * Node's own table still says "Unprocessable Entity" for 422. node-server's `writeHead(status,
+ * headers)` keeps a status message already set.
+ */
+function statusLines(): MiddlewareHandler {
+  return async function statusLines(c, next) {
+    await next();
+    const outgoing = (c.env as { outgoing?: ServerResponse } | undefined)?.outgoing;
+    const phrase = STATUS_PHRASES[c.res.status];
+    if (outgoing && phrase !== undefined) outgoing.statusMessage = phrase;
+  };
 }
 
 function adminLog(logger: Logger): MiddlewareHandler {

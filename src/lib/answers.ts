@@ -34,7 +34,12 @@ export type Reason =
   | 'not-implemented'
   | 'internal';
 
-export const REASONS: Readonly<Record<number, string>> = {
+/**
+ * The reason phrases of RFC 9110 §15 for the statuses the gateway writes. Every status line the
+ * gateway writes itself uses them: Node's own table still has the older names of 413 and 422
+ * ("Payload Too Large", "Unprocessable Entity").
+ */
+export const STATUS_PHRASES: Readonly<Record<number, string>> = {
   400: 'Bad Request',
   401: 'Unauthorized',
   403: 'Forbidden',
@@ -47,7 +52,7 @@ export const REASONS: Readonly<Record<number, string>> = {
   417: 'Expectation Failed',
   422: 'Unprocessable Content',
   426: 'Upgrade Required',
-  429: 'Rate Limit Exceeded',
+  429: 'Too Many Requests',
   431: 'Request Header Fields Too Large',
   500: 'Internal Server Error',
   501: 'Not Implemented',
@@ -55,6 +60,17 @@ export const REASONS: Readonly<Record<number, string>> = {
   503: 'Service Unavailable',
   504: 'Gateway Timeout',
 };
+
+/** The status line's reason phrase of `status`. */
+export function statusPhrase(status: number): string {
+  return STATUS_PHRASES[status] ?? 'Error';
+}
+
+/**
+ * The `error` field of an answer: the status line's reason phrase, but for a refusal for a limit,
+ * whose body is the specification's own (README "Headers and answers").
+ */
+export const REASONS: Readonly<Record<number, string>> = { ...STATUS_PHRASES, 429: 'Rate Limit Exceeded' };
 
 /** `errorBody(429, 'Too Many Requests')` is the exact body of a refusal for a limit (README "Headers and answers"). */
 export function errorBody(status: number, message: string): string {
@@ -68,14 +84,14 @@ export function writeAnswer(res: ServerResponse, status: number, message: string
   const body = errorBody(status, message);
   const list: string[] = ['Content-Type', JSON_TYPE, 'Content-Length', String(Buffer.byteLength(body))];
   for (const [name, value] of headers) list.push(name, value);
-  res.writeHead(status, list);
+  res.writeHead(status, statusPhrase(status), list);
   res.end(body);
 }
 
 /** The same answer as raw HTTP/1.1 bytes, for a socket that is not (or no longer) an HTTP response. */
 export function rawAnswer(status: number, message: string, headers: HeaderList = []): string {
   const body = errorBody(status, message);
-  let head = `HTTP/1.1 ${status} ${REASONS[status] ?? 'Error'}\r\nContent-Type: ${JSON_TYPE}\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n`;
+  let head = `HTTP/1.1 ${status} ${statusPhrase(status)}\r\nContent-Type: ${JSON_TYPE}\r\nContent-Length: ${Buffer.byteLength(body)}\r\nConnection: close\r\n`;
   for (const [name, value] of headers) head += `${name}: ${value}\r\n`;
   return head + '\r\n' + body;
 }

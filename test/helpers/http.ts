@@ -8,6 +8,8 @@ import net from 'node:net';
 
 export interface Reply {
   readonly status: number;
+  /** The status line's reason phrase. */
+  readonly statusText: string;
   readonly headers: http.IncomingHttpHeaders;
   readonly rawHeaders: string[];
   readonly body: Buffer;
@@ -62,6 +64,7 @@ export function send(baseUrl: string, options: SendOptions = {}): Promise<Reply>
           const body = Buffer.concat(chunks);
           resolve({
             status: res.statusCode ?? 0,
+            statusText: res.statusMessage ?? '',
             headers: res.headers,
             rawHeaders: res.rawHeaders,
             body,
@@ -98,11 +101,21 @@ export function rawExchange(port: number, bytes: string | Buffer, timeoutMs = 50
   });
 }
 
-/** The two-field error body (README "Headers and answers"). */
+/**
+ * The two-field error body (README "Headers and answers"): `error` is the status line's reason
+ * phrase (RFC 9110's), but for the specification's own 429 body.
+ */
 export function expectTwoFields(reply: Reply): { error: string; message: string } {
   const body = reply.json<Record<string, unknown>>();
   if (Object.keys(body).length !== 2 || typeof body.error !== 'string' || typeof body.message !== 'string') {
     throw new Error(`not a two-field error body: ${reply.text}`);
+  }
+  const phrase = reply.status === 429 ? 'Rate Limit Exceeded' : reply.statusText;
+  if (body.error !== phrase) {
+    throw new Error(`"error" is not the reason phrase: ${reply.status} ${reply.statusText}, ${reply.text}`);
+  }
+  if (reply.status === 429 && reply.statusText !== 'Too Many Requests') {
+    throw new Error(`a 429 whose status line says "${reply.statusText}"`);
   }
   return body as { error: string; message: string };
 }

@@ -166,6 +166,7 @@ describe('step 3: the hour and day windows', () => {
     const before = gw.eqt.requests.length;
     const refused = await get('/orders', key);
     expect(refused.status).toBe(429);
+    expect(refused.statusText).toBe('Too Many Requests');
     expect(refused.headers['content-type']).toBe('application/json');
     expect(refused.text).toBe('{"error":"Rate Limit Exceeded","message":"Too Many Requests"}');
     const retryAfter = Number(refused.headers['retry-after']);
@@ -223,6 +224,8 @@ describe('step 4: the body', () => {
       agent: false,
     });
     expect(reply.status).toBe(413);
+    // RFC 9110's phrase, on the status line too (regression: Node's "Payload Too Large").
+    expect(reply.statusText).toBe('Content Too Large');
     expect(expectTwoFields(reply).error).toBe('Content Too Large');
     expect(reply.headers['x-ratelimit-remaining-hour']).toBe('99');
     expect((await usageOf(key, 'POST /orders')).hour.used).toBe(1);

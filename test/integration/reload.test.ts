@@ -70,6 +70,8 @@ describe('POST /admin/limits/reload', () => {
     writeFileSync(gw.limitsPath, invalid);
     const reply = await admin(gw, '/admin/limits/reload', 'POST');
     expect(reply.status).toBe(422);
+    // RFC 9110's phrase on the status line too (regression: Node's "Unprocessable Entity").
+    expect(reply.statusText).toBe('Unprocessable Content');
     const body = reply.json<{ error: string; message: string; errors: string[] }>();
     expect(body.error).toBe('Unprocessable Content');
 

@@ -276,6 +276,8 @@ function open(url: string, headers: Record<string, string> = {}, timeoutMs = 500
 
 interface Refusal {
   readonly status: number;
+  /** The status line's reason phrase. */
+  readonly statusText: string;
   readonly headers: IncomingHttpHeaders;
   readonly body: string;
 }
@@ -295,7 +297,12 @@ function refused(url: string, headers: Record<string, string> = {}, timeoutMs = 
         res.on('data', (c: Buffer) => chunks.push(c));
         res.on('error', reject);
         res.on('end', () => {
-          resolve({ status: res.statusCode ?? 0, headers: res.headers, body: Buffer.concat(chunks).toString('utf8') });
+          resolve({
+            status: res.statusCode ?? 0,
+            statusText: res.statusMessage ?? '',
+            headers: res.headers,
+            body: Buffer.concat(chunks).toString('utf8'),
+          });
           ws.terminate();
         });
       });
@@ -511,6 +518,8 @@ describe('refused upgrades: the answers of README "Headers and answers", and no 
 
     const answer = await refused(wsUrl(small, '/ws/orders'), { 'X-API-Key': key });
     expect(answer.status).toBe(429);
+    // The status line is RFC 9110's; the body is the specification's (regression: "429 Rate Limit Exceeded").
+    expect(answer.statusText).toBe('Too Many Requests');
     expect(answer.body).toBe('{"error":"Rate Limit Exceeded","message":"Too Many Requests"}');
     expect(answer.headers['content-type']).toMatch(/^application\/json/);
     const retryAfter = Number(answer.headers['retry-after']);
