@@ -47,26 +47,37 @@ export function countStep(
 }
 
 /**
- * Receipts one counter keeps (docs/operations.md "Redis": no unit is counted twice): far
- * more calls than one instance ever has in doubt on one counter.
+ * The receipt of one counting call (redis/receipt-ledger.ts; docs/operations.md "Redis": no unit
+ * is counted twice): the counter field of the instance that sent it, the call's sequence number
+ * there, and the lowest sequence number of that instance's calls still unsettled (out, or in
+ * doubt and not yet taken back) when it was sent.
  */
-export const RECEIPTS_KEPT = 8;
+export interface Receipt {
+  readonly field: string;
+  readonly seq: number;
+  readonly oldestUnsettled: number;
+}
+
 /**
  * countStep in Lua, for every request of one call in turn. KEYS: one counter per request
  * (repeats allowed); ARGV: the windows every request of the call counts in (hourStart,
  * dayStart, expireAt), the requests' limits in one argument (`hourLimit,dayLimit,force,` per
  * request), the call's receipt (see pushConsumeArgs). Answers three numbers per request: allowed, hour
  * count, day count. Each counter is read once and written once, so a batch costs Redis no more
- * than its distinct counters. A counter that gained units records `receipt:units,` in front of
- * its field `rc`, keeping the last RECEIPTS_KEPT (the receipt ledger, redis/receipt-ledger.ts,
- * takes them back when the call's answer is lost); a new day sets the counter's expiry.
+ * than its distinct counters. A counter that gained units records `seq:units,` in front of the
+ * sending instance's own field (`rc:<instance>`), newest first, and drops that instance's
+ * receipts older than its oldest unsettled call, which nothing will ever take back: a receipt
+ * stays exactly as long as the receipt ledger may need it, and no other instance's calls touch
+ * it. A new day sets the counter's expiry, which takes every field with it.
  */
 export const CONSUME_SCRIPT = `
 local hs = tonumber(ARGV[1])
 local ds = tonumber(ARGV[2])
 local expireAt = ARGV[3]
 local limits = ARGV[4]
-local receipt = ARGV[5]
+local field = ARGV[5]
+local seq = ARGV[6]
+local oldest = tonumber(ARGV[7])
 local at = 1
 local counters = {}
 local order = {}
@@ -78,7 +89,7 @@ for i = 1, #KEYS do
   at = nextAt
   local c = counters[key]
   if not c then
-    local v = redis.call('HMGET', key, 'hs', 'hc', 'ds', 'dc', 'rc')
+    local v = redis.call('HMGET', key, 'hs', 'hc', 'ds', 'dc', field)
     c = { hs = tonumber(v[1]), hc = tonumber(v[2]) or 0, ds = tonumber(v[3]), dc = tonumber(v[4]) or 0, rc = v[5] or '', added = 0 }
     counters[key] = c
     order[#order + 1] = key
@@ -103,14 +114,15 @@ end
 for _, key in ipairs(order) do
   local c = counters[key]
   if c.added > 0 then
-    local rc = receipt .. ':' .. c.added .. ',' .. c.rc
-    local cut = 0
-    for _ = 1, ${RECEIPTS_KEPT} do
-      cut = string.find(rc, ',', cut + 1, true)
-      if not cut then break end
+    -- Receipts are newest first: keep them up to the first one older than the oldest unsettled call.
+    local keep = 0
+    while true do
+      local colon = string.find(c.rc, ':', keep + 1, true)
+      if not colon or tonumber(string.sub(c.rc, keep + 1, colon - 1)) < oldest then break end
+      keep = string.find(c.rc, ',', colon, true)
     end
-    if cut then rc = string.sub(rc, 1, cut) end
-    redis.call('HSET', key, 'hs', c.hs, 'hc', c.hc, 'ds', c.ds, 'dc', c.dc, 'rc', rc)
+    local rc = seq .. ':' .. c.added .. ',' .. string.sub(c.rc, 1, keep)
+    redis.call('HSET', key, 'hs', c.hs, 'hc', c.hc, 'ds', c.ds, 'dc', c.dc, field, rc)
     if c.newDay then redis.call('PEXPIREAT', key, expireAt) end
   end
 end
@@ -126,12 +138,12 @@ return out
 export function pushConsumeArgs(
   out: Array<string | number>,
   items: ReadonlyArray<{ readonly request: ConsumeRequest }>,
-  receipt: string,
+  receipt: Receipt,
 ): void {
   const { hourStart, dayStart, expireAt } = (items[0] as { readonly request: ConsumeRequest }).request;
   let limits = '';
   for (const { request: r } of items) limits += r.hourLimit + ',' + r.dayLimit + (r.force ? ',1,' : ',0,');
-  out.push(hourStart, dayStart, expireAt, limits, receipt);
+  out.push(hourStart, dayStart, expireAt, limits, receipt.field, receipt.seq, receipt.oldestUnsettled);
 }
 
 /**
@@ -156,7 +168,7 @@ const ARGS_PER_MERGE = 5;
 
 /**
  * mergeStep in Lua, for distinct counters. KEYS: the counters; ARGV: mergeArgs of each. A
- * counter whose day is new gets the entry's expiry; receipts (`rc`) are left as they are, so
+ * counter whose day is new gets the entry's expiry; receipts (`rc:*`) are left as they are, so
  * the calls they name can still be taken back. Answers the number of counters.
  */
 export const MERGE_SCRIPT = `

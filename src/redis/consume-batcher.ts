@@ -1,8 +1,8 @@
 import type { Cluster } from 'ioredis';
 import { CONSUME_SCRIPT, pushConsumeArgs } from '../limits/count-rules.js';
-import type { ConsumeRequest, Counts, StoreUnavailableError } from '../limits/store.js';
+import { StoreUnavailableError, type ConsumeRequest, type Counts } from '../limits/store.js';
 import type { RedisClient } from './connection.js';
-import type { ReceiptLedger } from './receipt-ledger.js';
+import { MAX_UNSETTLED_CALLS, type ReceiptLedger } from './receipt-ledger.js';
 
 /**
  * Counting requests with the consume script (docs/performance.md "Counting costs one
@@ -19,8 +19,10 @@ import type { ReceiptLedger } from './receipt-ledger.js';
  * A request so waits for its counting at most MAX_WAIT_MS longer than REDIS_TIMEOUT_MS
  * (docs/operations.md "Redis"): never for a second timeout behind the first.
  *
- * Every call carries a receipt from the ledger, which is told of every call whose answer never
- * came (redis/receipt-ledger.ts).
+ * Every call carries a receipt from the ledger, which is told how every call ended
+ * (redis/receipt-ledger.ts). No call is sent on a connection that is not ready (it could not
+ * run), nor while MAX_UNSETTLED_CALLS of this instance are unsettled: its requests are decided as
+ * when Redis is away.
  */
 
 /**
@@ -130,6 +132,11 @@ export class ConsumeBatcher {
 
   /** One script call for the whole batch: its counters, its windows, their limits, the call's receipt. */
   #run(batch: readonly Pending[]): void {
+    const notSent = this.#cannotSend();
+    if (notSent) {
+      for (const pending of batch) pending.reject(notSent);
+      return;
+    }
     const receipt = this.#ledger.issue();
     const keysThenArgs: Array<string | number> = batch.map((p) => p.key);
     pushConsumeArgs(keysThenArgs, batch, receipt);
@@ -142,6 +149,7 @@ export class ConsumeBatcher {
     reply.then(
       (counts) => {
         this.#inFlight--;
+        this.#ledger.settled(receipt);
         this.#sendWhenFree();
         batch.forEach((pending, i) =>
           pending.resolve({
@@ -159,6 +167,17 @@ export class ConsumeBatcher {
         this.#sendWhenFree();
       },
     );
+  }
+
+  /** Why a call cannot be sent now, if it cannot: it would not run, or its receipt could not be kept. */
+  #cannotSend(): StoreUnavailableError | undefined {
+    if (this.#client.status !== 'ready') {
+      return new StoreUnavailableError('connection', `Redis unavailable: connection ${this.#client.status}`);
+    }
+    if (this.#ledger.unsettled >= MAX_UNSETTLED_CALLS) {
+      return new StoreUnavailableError('timeout', `Redis is behind: ${MAX_UNSETTLED_CALLS} calls unsettled`);
+    }
+    return undefined;
   }
 }
 

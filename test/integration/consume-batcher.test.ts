@@ -2,7 +2,8 @@ import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import type { ConsumeRequest, StoreUnavailableError } from '../../src/limits/store.js';
 import { ConsumeBatcher, MAX_WAIT_MS } from '../../src/redis/consume-batcher.js';
 import { createRedisClient, type RedisClient } from '../../src/redis/connection.js';
-import { ReceiptLedger } from '../../src/redis/receipt-ledger.js';
+import type { Receipt } from '../../src/limits/count-rules.js';
+import { MAX_UNSETTLED_CALLS, ReceiptLedger } from '../../src/redis/receipt-ledger.js';
 import { request } from '../helpers/store-contract.js';
 import { redisClient, startRedisServer, type RedisProcess } from '../helpers/redis.js';
 import { startRedisProxy } from '../helpers/redis-proxy.js';
@@ -198,9 +199,84 @@ describe('ConsumeBatcher: failed calls', () => {
     const deadline = Date.now() + 3000;
     while (quickLedger.inDoubt > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
     expect(quickLedger.inDoubt).toBe(0);
-    expect(await inspect.hmget('doubt-a', 'hc', 'dc', 'rc')).toEqual(['0', '0', '']);
-    expect(await inspect.hmget('doubt-b', 'hc', 'dc', 'rc')).toEqual(['0', '0', '']);
+    for (const key of ['doubt-a', 'doubt-b']) {
+      const { hc, dc, ...rest } = await inspect.hgetall(key);
+      expect([hc, dc]).toEqual(['0', '0']);
+      // The receipt is gone with its units.
+      expect(Object.entries(rest).filter(([field]) => field.startsWith('rc:'))).toEqual([
+        [expect.stringMatching(/^rc:/), ''],
+      ]);
+    }
     quickLedger.close();
     quick.disconnect();
+  });
+
+  it('takes back the units of every call in doubt, however many went out behind a stalled Redis (regression: a counter kept only 8 receipts, and the calls of a longer stall stayed counted)', async () => {
+    const quick = createRedisClient({ url: own.url, commandTimeoutMs: 100 });
+    quick.on('error', () => {});
+    await quick.connect();
+    const quickLedger = new ReceiptLedger(quick);
+    const batcher = new ConsumeBatcher(quick, quickLedger);
+    await batcher.consume('stall-warm', request()); // loads the script on this connection
+    await inspect.call('CLIENT', 'PAUSE', '300', 'WRITE');
+    // One request every 6 ms on one counter, for longer than the pause: a call goes out every MAX_WAIT_MS
+    // behind the stalled one, some forty in all, and the last requests are counted after the pause.
+    // Settled as they come (true: counted), so that no rejection waits for a handler.
+    const results: Array<Promise<boolean>> = [];
+    for (let i = 0; i < 60; i++) {
+      const counted = batcher.consume('stall-hot', request({ hourLimit: 1000, dayLimit: 1000 }));
+      results.push(
+        counted.then(
+          () => true,
+          () => false,
+        ),
+      );
+      await new Promise((r) => setTimeout(r, 6));
+    }
+    const outcomes = await Promise.all(results);
+    const admitted = outcomes.filter(Boolean).length;
+    const inDoubt = outcomes.length - admitted;
+    expect(inDoubt).toBeGreaterThan(8);
+    const deadline = Date.now() + 3000;
+    while ((quickLedger.inDoubt > 0 || quickLedger.unsettled > 0) && Date.now() < deadline) {
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    expect(quickLedger.inDoubt).toBe(0);
+    // Exactly the answered requests stay counted.
+    expect(await inspect.hmget('stall-hot', 'hc', 'dc')).toEqual([String(admitted), String(admitted)]);
+    quickLedger.close();
+    quick.disconnect();
+  });
+
+  it('sends nothing on a connection that is not ready, and holds nothing in doubt for it', async () => {
+    const gone = createRedisClient({ url: own.url, commandTimeoutMs: 1000 });
+    gone.on('error', () => {});
+    await gone.connect();
+    const goneLedger = new ReceiptLedger(gone);
+    const batcher = new ConsumeBatcher(gone, goneLedger);
+    const ended = new Promise((resolve) => gone.once('end', resolve));
+    gone.disconnect();
+    await ended;
+    const failure = await batcher.consume('gone', request()).catch((err: unknown) => err);
+    expect(failure).toMatchObject({ name: 'StoreUnavailableError', kind: 'connection' });
+    expect(goneLedger.inDoubt).toBe(0);
+    expect(goneLedger.unsettled).toBe(0);
+    goneLedger.close();
+  });
+
+  it(`sends nothing while ${MAX_UNSETTLED_CALLS} calls of the instance are unsettled: a counter never holds more of its receipts`, async () => {
+    const busyLedger = new ReceiptLedger(c);
+    const batcher = new ConsumeBatcher(c, busyLedger);
+    const unsettled = Array.from({ length: MAX_UNSETTLED_CALLS }, () => busyLedger.issue());
+    const before = await scriptCalls();
+    const failure = await batcher.consume('behind', request()).catch((err: unknown) => err);
+    expect(failure).toMatchObject({ name: 'StoreUnavailableError', kind: 'timeout' });
+    expect((failure as Error).message).toBe(`Redis is behind: ${MAX_UNSETTLED_CALLS} calls unsettled`);
+    expect(await scriptCalls()).toBe(before);
+    expect(await inspect.exists('behind')).toBe(0);
+    // One settled: the next request is counted.
+    busyLedger.settled(unsettled[0] as Receipt);
+    expect(await batcher.consume('behind', request())).toMatchObject({ allowed: true, hour: 1, day: 1 });
+    busyLedger.close();
   });
 });

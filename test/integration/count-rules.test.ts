@@ -7,7 +7,7 @@ import {
   mergeArgs,
   mergeStep,
   pushConsumeArgs,
-  RECEIPTS_KEPT,
+  type Receipt,
   type StoredCounter,
 } from '../../src/limits/count-rules.js';
 import type { ConsumeRequest, MergeEntry } from '../../src/limits/store.js';
@@ -36,19 +36,37 @@ const stored = fc.option(
   }),
   { nil: undefined },
 );
-/** Receipts already in a counter, newest first. */
+/** This instance's field, and another instance's (the script must never touch it). */
+const FIELD = 'rc:this';
+const OTHER_FIELD = 'rc:other';
+/** The sequence number of the call under test: receipts already in a counter are older. */
+const SEQ = 100;
+const receiptOf = (seq: number, oldestUnsettled: number): Receipt => ({ field: FIELD, seq, oldestUnsettled });
+/** Receipts already in a counter, newest first (sequence numbers descending, below SEQ). */
 const receipts = fc
-  .array(fc.integer({ min: 1, max: 3 }), { maxLength: 10 })
-  .map((units) => units.map((u, i) => `old${i}:${u}`));
+  .array(fc.record({ gap: fc.integer({ min: 1, max: 9 }), units: fc.integer({ min: 1, max: 3 }) }), { maxLength: 10 })
+  .map((entries) => {
+    let seq = SEQ;
+    return entries.map(({ gap, units }) => ({ seq: (seq -= gap), units }));
+  });
+type Receipts = ReadonlyArray<{ seq: number; units: number }>;
+const receiptText = (rc: Receipts): string => rc.map((r) => `${r.seq}:${r.units},`).join('');
 const windows = fc.record({
   hourStart: fc.integer({ min: -2, max: 2 }).map((o) => H + o * 3600),
   dayStart: fc.integer({ min: -1, max: 1 }).map((o) => D + o * 86_400),
 });
 
-async function setCounter(key: string, counter: StoredCounter | undefined, rc: readonly string[]): Promise<void> {
+async function setCounter(key: string, counter: StoredCounter | undefined, rc: Receipts): Promise<void> {
   if (!counter) return;
   const { hourStart, hour, dayStart, day } = counter;
-  await client.hset(key, { hs: hourStart, hc: hour, ds: dayStart, dc: day, rc: rc.map((r) => r + ',').join('') });
+  await client.hset(key, {
+    hs: hourStart,
+    hc: hour,
+    ds: dayStart,
+    dc: day,
+    [FIELD]: receiptText(rc),
+    [OTHER_FIELD]: '7:1,3:2,',
+  });
 }
 
 const fields = (c: StoredCounter): string[] => [c.hourStart, c.hour, c.dayStart, c.day].map(String);
@@ -57,6 +75,7 @@ describe('CONSUME_SCRIPT', () => {
   it('counts every request of a call as countStep does, one after the other, recording the call receipt in the counters it added to', async () => {
     const call = fc.record({
       counters: fc.array(fc.record({ stored, rc: receipts }), { minLength: 1, maxLength: 3 }),
+      oldestUnsettled: fc.integer({ min: 0, max: SEQ }),
       windows,
       requests: fc.array(
         fc.record({ counter: fc.nat(2), hourLimit: fc.nat(6), dayLimit: fc.nat(8), force: fc.boolean() }),
@@ -64,7 +83,7 @@ describe('CONSUME_SCRIPT', () => {
       ),
     });
     await fc.assert(
-      fc.asyncProperty(call, async ({ counters, windows: w, requests }) => {
+      fc.asyncProperty(call, async ({ counters, oldestUnsettled, windows: w, requests }) => {
         const keys = counters.map((_, i) => `${prefix}c${++run}:${i}`);
         for (const [i, c] of counters.entries()) await setCounter(keys[i] as string, c.stored, c.rc);
         const items = requests.map((r) => ({
@@ -73,7 +92,7 @@ describe('CONSUME_SCRIPT', () => {
           request: { keyHash: 'k', counterId: 'row', ...w, ...r, expireAt: EXPIRE_AT } satisfies ConsumeRequest,
         }));
         const keysThenArgs: Array<string | number> = items.map((item) => item.key);
-        pushConsumeArgs(keysThenArgs, items, 'rcpt');
+        pushConsumeArgs(keysThenArgs, items, receiptOf(SEQ, oldestUnsettled));
         const reply = (await client.eval(CONSUME_SCRIPT, items.length, ...keysThenArgs)) as number[];
 
         // The rule, one request after the other, on the same counters.
@@ -92,20 +111,20 @@ describe('CONSUME_SCRIPT', () => {
 
         for (const [i, c] of counters.entries()) {
           const key = keys[i] as string;
-          const now = await client.hmget(key, 'hs', 'hc', 'ds', 'dc', 'rc');
+          const now = await client.hmget(key, 'hs', 'hc', 'ds', 'dc', FIELD, OTHER_FIELD);
           const units = added[i] as number;
+          const other = c.stored ? '7:1,3:2,' : null;
           if (units === 0) {
             // A counter of refusals only is not written at all.
             expect(now).toEqual(
-              c.stored ? [...fields(c.stored), c.rc.map((r) => r + ',').join('')] : [null, null, null, null, null],
+              c.stored ? [...fields(c.stored), receiptText(c.rc), other] : [null, null, null, null, null, null],
             );
             continue;
           }
-          const rc = [`rcpt:${units}`, ...(c.stored ? c.rc : [])]
-            .slice(0, RECEIPTS_KEPT)
-            .map((r) => r + ',')
-            .join('');
-          expect(now).toEqual([...fields(state[i] as StoredCounter), rc]);
+          // The call's receipt in front; of the ones before, those of calls still unsettled stay.
+          const kept = (c.stored ? c.rc : []).filter((r) => r.seq >= oldestUnsettled);
+          const rc = receiptText([{ seq: SEQ, units }, ...kept]);
+          expect(now).toEqual([...fields(state[i] as StoredCounter), rc, other]);
           // The counter expires after the day it was moved to; one already in that day keeps its expiry.
           const newDay = !c.stored || c.stored.dayStart < w.dayStart;
           expect(await client.pexpiretime(key)).toBe(newDay ? EXPIRE_AT : -1);
@@ -128,7 +147,7 @@ describe('CONSUME_SCRIPT', () => {
       force,
     });
     // The counter at 1,000,000 of its day: limits past 2^31 and up to 2^53 - 1 are read whole.
-    await client.hset(key, { hs: H, hc: 5, ds: D, dc: 1_000_000, rc: '' });
+    await client.hset(key, { hs: H, hc: 5, ds: D, dc: 1_000_000 });
     const items = [
       request(2 ** 53 - 1, 2 ** 53 - 1),
       request(10, 1_000_001), // day full after the first
@@ -136,14 +155,14 @@ describe('CONSUME_SCRIPT', () => {
       request(1, 1, true),
     ].map((r) => ({ request: r }));
     const keysThenArgs: Array<string | number> = items.map(() => key);
-    pushConsumeArgs(keysThenArgs, items, 'rcpt');
+    pushConsumeArgs(keysThenArgs, items, receiptOf(1, 0));
     expect(await client.eval(CONSUME_SCRIPT, items.length, ...keysThenArgs)).toEqual([
       1, 6, 1_000_001, 0, 6, 1_000_001, 0, 6, 1_000_001, 1, 7, 1_000_002,
     ]);
 
     // One request's limits for two keys: an error, and nothing counted.
     const short: Array<string | number> = [key, key];
-    pushConsumeArgs(short, [{ request: request(100, 10_000_000) }], 'rcpt2');
+    pushConsumeArgs(short, [{ request: request(100, 10_000_000) }], receiptOf(2, 0));
     await expect(client.eval(CONSUME_SCRIPT, 2, ...short)).rejects.toThrow('consume: no limits for key 2');
     expect(await client.hmget(key, 'hc', 'dc')).toEqual(['7', '1000002']);
   });
@@ -171,8 +190,8 @@ describe('MERGE_SCRIPT', () => {
         for (const [i, c] of counters.entries()) {
           const key = keys[i] as string;
           const e = entries[i] as MergeEntry;
-          const rc = c.stored ? c.rc.map((r) => r + ',').join('') : null;
-          expect(await client.hmget(key, 'hs', 'hc', 'ds', 'dc', 'rc')).toEqual([
+          const rc = c.stored ? receiptText(c.rc) : null;
+          expect(await client.hmget(key, 'hs', 'hc', 'ds', 'dc', FIELD)).toEqual([
             ...fields(mergeStep(c.stored, e)),
             rc,
           ]);

@@ -1,5 +1,5 @@
 import { afterAll, describe, expect, it } from 'vitest';
-import { CONSUME_SCRIPT, pushConsumeArgs } from '../../src/limits/count-rules.js';
+import { CONSUME_SCRIPT, pushConsumeArgs, type Receipt } from '../../src/limits/count-rules.js';
 import { createRedisClient, type RedisClient } from '../../src/redis/connection.js';
 import { ReceiptLedger } from '../../src/redis/receipt-ledger.js';
 import { request } from '../helpers/store-contract.js';
@@ -25,15 +25,20 @@ const newKey = (): string => `${prefix}${++n}`;
 /** What the ledger is told of a call it may have to undo when the connection died before the reply. */
 const connectionLost = new Error('Connection is closed.');
 
+/** A receipt of another instance, whose field no ledger here touches. */
+const other = (seq: number): Receipt => ({ field: 'rc:other', seq, oldestUnsettled: seq });
+
 /** One consume call with the given receipt, as the store sends it: `keys` (repeats allowed) in windows `hourStart`, `dayStart`. */
-async function count(c: RedisClient, receipt: string, keys: string[], hourStart = H): Promise<void> {
+async function count(c: RedisClient, receipt: Receipt, keys: string[], hourStart = H): Promise<void> {
   const items = keys.map((key) => ({ key, request: request({ hourStart, hourLimit: 100, dayLimit: 100 }) }));
   const keysThenArgs: Array<string | number> = [...keys];
   pushConsumeArgs(keysThenArgs, items, receipt);
   await c.eval(CONSUME_SCRIPT, keys.length, ...keysThenArgs);
 }
 
-const counter = (key: string): Promise<Array<string | null>> => inspect.hmget(key, 'hs', 'hc', 'ds', 'dc', 'rc');
+/** A counter's windows, counts, and the receipts in `field` (a ledger's own, from its receipts). */
+const counter = (key: string, field = 'rc:other'): Promise<Array<string | null>> =>
+  inspect.hmget(key, 'hs', 'hc', 'ds', 'dc', field);
 
 async function until(condition: () => boolean, ms: number): Promise<void> {
   const deadline = Date.now() + ms;
@@ -47,26 +52,29 @@ describe('ReceiptLedger: what it takes back', () => {
     const doubtful = ledger.issue();
     await count(client, doubtful, [a, a, a, b, b]);
     // Another instance has since moved `a` to the next hour and counted once there.
-    await count(client, 'other1', [a], H + 3600);
+    await count(client, other(1), [a], H + 3600);
     const failure = ledger.failed(doubtful, { keys: [a, a, a, b, b], hourStart: H, dayStart: D }, connectionLost);
     expect(failure.kind).toBe('connection');
     expect(ledger.inDoubt).toBe(1);
+    expect(ledger.unsettled).toBe(1);
     await ledger.reconcile();
     expect(ledger.inDoubt).toBe(0);
+    expect(ledger.unsettled).toBe(0);
     // The new hour keeps its unit; the day gives back the call's three.
-    expect(await counter(a)).toEqual([String(H + 3600), '1', String(D), '1', 'other1:1,']);
-    expect(await counter(b)).toEqual([String(H), '0', String(D), '0', '']);
+    expect(await counter(a)).toEqual([String(H + 3600), '1', String(D), '1', '1:1,']);
+    expect(await counter(a, doubtful.field)).toEqual([String(H + 3600), '1', String(D), '1', '']);
+    expect(await counter(b, doubtful.field)).toEqual([String(H), '0', String(D), '0', '']);
     ledger.close();
   });
 
   it('takes nothing back for a call that never ran, nor twice for one that did', async () => {
     const ledger = new ReceiptLedger(client);
     const key = newKey();
-    await count(client, 'other2', [key, key]);
+    await count(client, other(2), [key, key]);
     const neverRan = ledger.issue();
     ledger.failed(neverRan, { keys: [key], hourStart: H, dayStart: D }, connectionLost);
     await ledger.reconcile();
-    expect(await counter(key)).toEqual([String(H), '2', String(D), '2', 'other2:2,']);
+    expect(await counter(key)).toEqual([String(H), '2', String(D), '2', '2:2,']);
 
     const ran = ledger.issue();
     await count(client, ran, [key]);
@@ -75,7 +83,8 @@ describe('ReceiptLedger: what it takes back', () => {
     // The same receipt in doubt again (as if told twice): its units are gone already.
     ledger.failed(ran, { keys: [key], hourStart: H, dayStart: D }, connectionLost);
     await ledger.reconcile();
-    expect(await counter(key)).toEqual([String(H), '2', String(D), '2', 'other2:2,']);
+    expect(await counter(key)).toEqual([String(H), '2', String(D), '2', '2:2,']);
+    expect(ledger.unsettled).toBe(0);
     ledger.close();
   });
 
@@ -85,21 +94,82 @@ describe('ReceiptLedger: what it takes back', () => {
     const failure = ledger.failed(ledger.issue(), { keys: [newKey()], hourStart: H, dayStart: D }, refusal);
     expect(failure.kind).toBe('reply');
     expect(ledger.inDoubt).toBe(0);
+    expect(ledger.unsettled).toBe(0);
     ledger.close();
   });
 
-  it('gives up the oldest calls in doubt beyond its bound: their units stay counted', async () => {
-    const ledger = new ReceiptLedger(client, { maxInDoubt: 2 });
-    const keys = [newKey(), newKey(), newKey()];
-    for (const key of keys) {
-      const receipt = ledger.issue();
-      await count(client, receipt, [key]);
-      ledger.failed(receipt, { keys: [key], hourStart: H, dayStart: D }, connectionLost);
+  it('keeps a receipt in its counter through any number of later calls while its call is unsettled (regression: a counter kept only its last 8 receipts, and a call in doubt behind more calls than that left its units counted twice)', async () => {
+    const ledger = new ReceiptLedger(client);
+    const key = newKey();
+    const doubtful = ledger.issue();
+    await count(client, doubtful, [key]);
+    for (let i = 0; i < 20; i++) {
+      const answered = ledger.issue();
+      await count(client, answered, [key]);
+      ledger.settled(answered);
     }
-    expect(ledger.inDoubt).toBe(2);
+    ledger.failed(doubtful, { keys: [key], hourStart: H, dayStart: D }, connectionLost);
     await ledger.reconcile();
-    expect((await counter(keys[0] as string)).slice(1, 4)).toEqual(['1', String(D), '1']);
-    for (const key of keys.slice(1)) expect((await counter(key)).slice(1, 4)).toEqual(['0', String(D), '0']);
+    expect((await counter(key, doubtful.field)).slice(1, 4)).toEqual(['20', String(D), '20']);
+    ledger.close();
+  });
+
+  it('keeps a receipt however many calls other instances count on the counter before its undo (each instance has its own receipt field)', async () => {
+    const [ours, theirs] = [new ReceiptLedger(client), new ReceiptLedger(client)];
+    const key = newKey();
+    const doubtful = ours.issue();
+    await count(client, doubtful, [key]);
+    for (let i = 0; i < 20; i++) {
+      const answered = theirs.issue();
+      await count(client, answered, [key]);
+      theirs.settled(answered);
+    }
+    ours.failed(doubtful, { keys: [key], hourStart: H, dayStart: D }, connectionLost);
+    await ours.reconcile();
+    expect((await counter(key, doubtful.field)).slice(1, 5)).toEqual(['20', String(D), '20', '']);
+    ours.close();
+    theirs.close();
+  });
+
+  it('lets the script drop the receipts of settled calls: a counter holds those of unsettled calls and the newest', async () => {
+    const ledger = new ReceiptLedger(client);
+    const key = newKey();
+    const first = ledger.issue();
+    const second = ledger.issue();
+    await count(client, first, [key]);
+    await count(client, second, [key]);
+    ledger.settled(second); // answered before the first: the first is still unsettled
+    const third = ledger.issue();
+    expect(third.oldestUnsettled).toBe(first.seq);
+    await count(client, third, [key]);
+    expect((await counter(key, first.field))[4]).toBe(`${third.seq}:1,${second.seq}:1,${first.seq}:1,`);
+    ledger.settled(first);
+    ledger.settled(third);
+    expect(ledger.unsettled).toBe(0);
+    const fourth = ledger.issue();
+    expect(fourth.oldestUnsettled).toBe(fourth.seq);
+    await count(client, fourth, [key]);
+    expect((await counter(key, first.field))[4]).toBe(`${fourth.seq}:1,`);
+    ledger.settled(fourth);
+    ledger.close();
+  });
+
+  it('counts its unsettled calls from the oldest one, whatever order they are settled in', () => {
+    const ledger = new ReceiptLedger(client);
+    const receipts = Array.from({ length: 5 }, () => ledger.issue());
+    expect(ledger.unsettled).toBe(5);
+    ledger.settled(receipts[1] as Receipt);
+    ledger.settled(receipts[3] as Receipt);
+    expect(ledger.unsettled).toBe(5); // the first is still out
+    ledger.settled(receipts[0] as Receipt);
+    expect(ledger.unsettled).toBe(3); // from the third on
+    ledger.settled(receipts[0] as Receipt); // told twice: nothing changes
+    expect(ledger.unsettled).toBe(3);
+    ledger.settled(receipts[2] as Receipt);
+    expect(ledger.unsettled).toBe(1);
+    ledger.settled(receipts[4] as Receipt);
+    expect(ledger.unsettled).toBe(0);
+    expect(ledger.issue().oldestUnsettled).toBe(5);
     ledger.close();
   });
 });
@@ -147,7 +217,7 @@ describe('ReceiptLedger: when it reconciles', () => {
     await c.connect();
     await until(() => ledger.inDoubt === 0, 250);
     expect(ledger.inDoubt).toBe(0);
-    expect(await direct.hmget(key, 'hc', 'dc', 'rc')).toEqual(['0', '0', '']);
+    expect(await direct.hmget(key, 'hc', 'dc', receipt.field)).toEqual(['0', '0', '']);
     ledger.close();
     direct.disconnect();
     c.disconnect();
