@@ -1,6 +1,6 @@
 import type { LRUCache } from 'lru-cache';
 import { boundedCache } from '../lib/bounded-cache.js';
-import { countStep, mergeStep } from './count-rules.js';
+import { countStep, mergeStep, usageIn } from './count-rules.js';
 import {
   type ConsumeRequest,
   type CounterStore,
@@ -63,13 +63,7 @@ export class MemoryCounterStore implements CounterStore {
   }
 
   async usage(keyHash: string, rows: ReadonlyArray<{ readonly counterId: string } & WindowIds>): Promise<Usage[]> {
-    return rows.map((row) => {
-      const entry = this.#entries.get(keyHash + ':' + row.counterId);
-      return {
-        hour: entry && entry.hourStart >= row.hourStart ? entry.hour : 0,
-        day: entry && entry.dayStart >= row.dayStart ? entry.day : 0,
-      };
-    });
+    return rows.map((row) => usageIn(this.#entries.get(keyHash + ':' + row.counterId), row));
   }
 
   async reset(keyHash: string, counterIds: readonly string[]): Promise<void> {

@@ -1,3 +1,4 @@
+import { usageIn, type StoredCounter } from '../limits/count-rules.js';
 import type { ConsumeRequest, CounterStore, Counts, MergeEntry, Usage, WindowIds } from '../limits/store.js';
 import type { RedisClient } from './connection.js';
 import { ConsumeBatcher } from './consume-batcher.js';
@@ -59,11 +60,10 @@ export class RedisCounterStore implements CounterStore {
       return rows.map((row, i) => {
         const [err, value] = replies[i] ?? [new Error('missing reply'), null];
         if (err) throw err;
-        const [hs, hc, ds, dc] = (value as Array<string | null>).map((x) => (x === null ? undefined : Number(x)));
-        return {
-          hour: hs !== undefined && hs >= row.hourStart ? (hc ?? 0) : 0,
-          day: ds !== undefined && ds >= row.dayStart ? (dc ?? 0) : 0,
-        };
+        const [hs, hc, ds, dc] = (value as Array<string | null>).map((x) => (x === null ? NaN : Number(x)));
+        // A counter is written whole, all four fields at once (count-rules.ts).
+        const stored = Number.isNaN(hs) ? undefined : { hourStart: hs, hour: hc, dayStart: ds, day: dc };
+        return usageIn(stored as StoredCounter | undefined, row);
       });
     } catch (err) {
       throw toStoreError(err);
