@@ -46,12 +46,14 @@ export class WindowCalendar {
       return current;
     }
     const instant = DateTime.fromMillis(now, { zone: this.timezone });
-    const hour = instant.startOf('hour');
+    // The clock hour in progress, back to its :00 in the offset in force now. (luxon's startOf('hour')
+    // reads a repeated local time in the earlier offset: where clocks go back half an hour, as on Lord
+    // Howe Island, that hour would already have ended.) An hour later is the next clock hour, across DST too.
+    const hourStart = now - (instant.minute * 60_000 + instant.second * 1000 + instant.millisecond);
     const day = instant.startOf('day');
     const windows: Windows = {
-      hourStart: hour.toMillis(),
-      // "hours" are exact durations in luxon, so this is the next clock hour even across DST.
-      hourEnd: hour.plus({ hours: 1 }).toMillis(),
+      hourStart,
+      hourEnd: hourStart + 3_600_000,
       dayStart: day.toMillis(),
       dayEnd: day.plus({ days: 1 }).startOf('day').toMillis(),
     };

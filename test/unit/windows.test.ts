@@ -1,3 +1,4 @@
+import fc from 'fast-check';
 import { describe, expect, it } from 'vitest';
 import { secondsUntil, WindowCalendar } from '../../src/limits/windows.js';
 
@@ -35,6 +36,42 @@ describe('WindowCalendar', () => {
     // Every hour window is one hour long, including the repeated hour.
     const repeated = ny.at(at('2026-11-01T06:30:00Z'));
     expect(repeated.hourEnd - repeated.hourStart).toBe(3_600_000);
+  });
+
+  it("is in an hour that has not ended where clocks go back half an hour (regression: Lord Howe Island's repeated half hour got the hour before)", () => {
+    // 2025-04-06 02:00 at +11:00 became 01:30 at +10:30, at 15:00 UTC.
+    const w = new WindowCalendar('Australia/Lord_Howe').at(at('2025-04-05T15:05:00Z'));
+    expect([iso(w.hourStart), iso(w.hourEnd)]).toEqual(['2025-04-05T14:30:00.000Z', '2025-04-05T15:30:00.000Z']);
+  });
+
+  it('always gives windows that hold the instant, an hour long and a day of 23 to 25 hours, in zones with odd offsets and DST', () => {
+    const zones = [
+      'UTC',
+      'Asia/Ho_Chi_Minh',
+      'Asia/Kolkata',
+      'Asia/Kathmandu',
+      'Pacific/Chatham',
+      'Australia/Lord_Howe',
+      'America/New_York',
+      'America/Santiago',
+      'Asia/Beirut',
+      'America/Havana',
+    ];
+    const calendars = zones.map((zone) => new WindowCalendar(zone));
+    const instants = fc.integer({ min: at('2024-01-01T00:00:00Z'), max: at('2028-01-01T00:00:00Z') });
+    fc.assert(
+      fc.property(fc.constantFrom(...calendars), instants, (calendar, now) => {
+        const w = calendar.at(now);
+        expect(w.hourStart).toBeLessThanOrEqual(now);
+        expect(now).toBeLessThan(w.hourEnd);
+        expect(w.hourEnd - w.hourStart).toBe(3_600_000);
+        expect(w.dayStart).toBeLessThanOrEqual(now);
+        expect(now).toBeLessThan(w.dayEnd);
+        expect(w.dayEnd - w.dayStart).toBeGreaterThanOrEqual(23 * 3_600_000);
+        expect(w.dayEnd - w.dayStart).toBeLessThanOrEqual(25 * 3_600_000);
+      }),
+      { numRuns: 3000 },
+    );
   });
 
   it('moves to the next window exactly at the boundary', () => {
