@@ -20,7 +20,7 @@ export interface StoredCounter {
  * Windows that start less than this apart (seconds) are one window whose bounds were redefined,
  * not two: a new `timezone` moves the start of the hour (by a fraction of an hour) or of the day
  * (by hours) that is in progress, and its count goes on in the new bounds rather than starting
- * from zero (README "Whose midnight"). Hours of one timezone start exactly an hour apart, days at
+ * from zero (README "The limit table"). Hours of one timezone start exactly an hour apart, days at
  * least 23 hours apart (a day that loses an hour to daylight saving time).
  */
 export const HOUR_SPAN = 3600;
