@@ -114,7 +114,9 @@ export function parseLimits(text: string, file: string, loadedAt = new Date()): 
   if (errors.length > 0) return { ok: false, errors: withRows(text, errors) };
   const result = v.safeParse(FILE, source.data);
   const issues = issuesOf(result.issues);
-  // What a row or plan says about others is checked once every row and plan has its shape.
+  // A route used twice is reported whatever else is wrong, in those rows or others.
+  issues.push(...duplicateRoutes(source, routesOfRows(source.data)));
+  // What a plan says about the rows is checked once every row and plan has its shape.
   if (!result.typed) return { ok: false, errors: sourceErrors(source, issues.map(inContext(source.data))) };
 
   const rows: DraftRow[] = result.output.limits.map((row, index) => ({
@@ -126,26 +128,45 @@ export function parseLimits(text: string, file: string, loadedAt = new Date()): 
     limits: { perHour: row.per_hour, perDay: row.per_day },
     shadow: row.shadow,
   }));
-  issues.push(...duplicateRoutes(source, rows));
   const plans = readPlans(result.output.plans, rows, issues);
   if (issues.length > 0) return { ok: false, errors: sourceErrors(source, issues.map(inContext(source.data))) };
   return { ok: true, table: buildTable({ file, text, timezone: result.output.timezone, rows, plans, loadedAt }) };
 }
 
+/** The routes each row of the file names (`route` and `also`), of those that read as routes. */
+interface RowRoutes {
+  readonly index: number;
+  readonly name: string | undefined;
+  readonly routes: ReadonlyArray<readonly [Route, Issue['path']]>;
+}
+
+function routesOfRows(data: unknown): RowRoutes[] {
+  const rows = (data as { limits?: unknown } | null)?.limits;
+  if (!Array.isArray(rows)) return [];
+  return rows.map((row: unknown, index): RowRoutes => {
+    const { name, route, also } = (row ?? {}) as { name?: unknown; route?: unknown; also?: unknown };
+    const named: Array<[unknown, Issue['path']]> = [[route, ['limits', index, 'route']]];
+    if (Array.isArray(also)) also.forEach((text, i) => named.push([text, ['limits', index, 'also', i]]));
+    const routes: Array<readonly [Route, Issue['path']]> = [];
+    for (const [text, path] of named) {
+      const parsed = typeof text === 'string' ? parseRoute(text) : undefined;
+      if (parsed !== undefined && typeof parsed !== 'string') routes.push([parsed, path]);
+    }
+    return { index, name: typeof name === 'string' && name.trim() ? name : undefined, routes };
+  });
+}
+
 /** A route appears once in the whole file. */
-function duplicateRoutes(source: YamlSource, rows: readonly DraftRow[]): Issue[] {
+function duplicateRoutes(source: YamlSource, rows: readonly RowRoutes[]): Issue[] {
   const issues: Issue[] = [];
-  const seen = new Map<string, { row: DraftRow; line: number }>();
+  const seen = new Map<string, { row: RowRoutes; line: number }>();
   for (const row of rows) {
-    const routes: Array<[Route, Issue['path']]> = [
-      [row.route, ['limits', row.index, 'route']],
-      ...row.also.map((route, i): [Route, Issue['path']] => [route, ['limits', row.index, 'also', i]]),
-    ];
-    for (const [route, path] of routes) {
+    for (const [route, path] of row.routes) {
       const first = seen.get(route.key);
       if (!first) seen.set(route.key, { row, line: source.position(source.at(path)).line });
       else {
-        const where = `row ${first.row.index + 1} (${first.row.name}) at line ${first.line}`;
+        const name = first.row.name === undefined ? '' : ` (${first.row.name})`;
+        const where = `row ${first.row.index + 1}${name} at line ${first.line}`;
         issues.push({ path, message: `route "${route.text}" is already used by ${where}` });
       }
     }
@@ -273,9 +294,13 @@ function rowName(line: string, first: boolean, keyIndent: number): string | unde
   return nested ? unquoted(nested) : undefined;
 }
 
-/** A row name as written: quotes taken off (an unclosed one too), a trailing comment dropped. */
-function unquoted(value: string): string {
+/**
+ * A row name as written: quotes taken off (an unclosed one too), a trailing comment dropped. A
+ * value that opens a flow collection (`[`, `{`) is no name: it is likely what broke the file.
+ */
+function unquoted(value: string): string | undefined {
   const quoted = /^(["'])(.*?)\1/.exec(value);
   if (quoted) return quoted[2] as string;
+  if (/^[[{]/.test(value)) return undefined;
   return value.replace(/^["']/, '').replace(/\s+#.*$/, '');
 }
