@@ -300,7 +300,7 @@ function rowName(line: string, first: boolean, keyIndent: number): string | unde
  */
 function unquoted(value: string): string | undefined {
   const quoted = /^(["'])(.*?)\1/.exec(value);
-  if (quoted) return quoted[2] as string;
+  if (quoted) return quoted[2];
   if (/^[[{]/.test(value)) return undefined;
   return value.replace(/^["']/, '').replace(/\s+#.*$/, '');
 }
