@@ -7,9 +7,11 @@
  *  - repeated slashes and a trailing slash are dropped;
  *  - percent-encoded unreserved characters are decoded and other escapes upper-cased
  *    (RFC 3986 §6.2.2), so `%2e%2E` is a dot segment and `%6Frders` is `orders`;
- *  - an encoded `/`, `\` or control character, a raw `\`, a fragment, a malformed escape
- *    or a character outside RFC 3986 `pchar` is refused: such paths are read differently
- *    by different servers, and no legitimate client sends them.
+ *  - an encoded `/`, `\` or control character, a raw `\`, a raw `;`, a fragment, a malformed
+ *    escape or a character outside RFC 3986 `pchar` is refused: such paths are read differently
+ *    by different servers, and no legitimate client sends them. (Servlet containers and Spring
+ *    cut a segment at `;` as the start of path parameters: `/orders/;x` would reach such a bridge
+ *    as `/orders/`, counted as another row.)
  * The query string is forwarded as the client sent it.
  */
 
@@ -106,6 +108,9 @@ export function normaliseTarget(target: string): NormalisedTarget {
       if (byte < 0x20 || byte === 0x7f) return refused('Encoded control character in path');
       segment += isUnreserved(byte) ? String.fromCharCode(byte) : '%' + HEX[hi] + HEX[lo];
       i += 2;
+    } else if (code === 59) {
+      // ";"
+      return refused('Semicolon in path');
     } else if (isPlainPchar(code)) {
       segment += rawPath[i];
     } else {

@@ -108,7 +108,8 @@ describe('step 2: the endpoint', () => {
   });
 
   it('refuses paths that servers read differently, with 400', async () => {
-    for (const path of ['/orders/%2F1', '/orders/%zz', '/orders%5C1']) {
+    // A ";" begins path parameters, which servlet containers cut off: /orders/; would reach them as /orders/.
+    for (const path of ['/orders/%2F1', '/orders/%zz', '/orders%5C1', '/orders/;', '/orders;x=1']) {
       const reply = await get(path, newKey());
       expect(reply.status).toBe(400);
       expectTwoFields(reply);

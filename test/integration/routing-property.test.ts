@@ -49,7 +49,9 @@ function referenceNormalise(rawPath: string): string | undefined {
         const decoded = String.fromCharCode(byte);
         segment += UNRESERVED.test(decoded) ? decoded : '%' + hex.toUpperCase();
         i += 2;
-      } else if (PCHAR.test(ch)) segment += ch;
+      } else if (ch === ';')
+        return undefined; // path parameters to some servers
+      else if (PCHAR.test(ch)) segment += ch;
       else return undefined; // raw backslash and anything else outside pchar
     }
     if (segment === '' || segment === '.') continue;
@@ -94,7 +96,11 @@ const segment = fc.oneof(
     weight: 2,
     arbitrary: fc.constantFrom('%2F', '%2f', 'orders%2F1', '%5C', '%5c', '..%2F', '%2e%2e%5c', '\\', 'a\\b'),
   },
-  { weight: 2, arbitrary: fc.constantFrom('%20', '%zz', '%4', '%', '%00', '%7F', "a!$&'()*+,;=:@b", '%C3%A9') },
+  {
+    weight: 2,
+    arbitrary: fc.constantFrom('%20', '%zz', '%4', '%', '%00', '%7F', "a!$&'()*+,;=:@b", "a!$&'()*+,=:@b", '%C3%A9'),
+  },
+  { weight: 1, arbitrary: fc.constantFrom(';', ';x=1', '1;jsessionid=2', '%3B', 'a%3bb') },
   { weight: 3, arbitrary: fc.stringMatching(/^[A-Za-z0-9\-._~]{1,8}$/) },
 );
 

@@ -49,6 +49,8 @@ describe('normaliseTarget', () => {
     ['/orders/%zz', 'Malformed percent-encoding in path'],
     ['/orders/1%', 'Malformed percent-encoding in path'],
     ['/orders\\1', 'Invalid character in path'],
+    ['/orders/;', 'Semicolon in path'],
+    ['/orders;jsessionid=1/1', 'Semicolon in path'],
     ['/orders/<1>', 'Invalid character in path'],
     ['/orders/1#frag', 'Malformed request target'],
     ['orders/1', 'Malformed request target'],
@@ -91,7 +93,8 @@ describe('normaliseTarget', () => {
   });
 
   it('gives a path already in normal form back as sent, split at its slashes', () => {
-    const plain = fc.array(fc.stringMatching(/^[A-Za-z0-9._~!$&'()*+,;=:@-]{1,8}$/), { minLength: 1, maxLength: 8 });
+    // Every pchar of RFC 3986 but ";", which is refused (above).
+    const plain = fc.array(fc.stringMatching(/^[A-Za-z0-9._~!$&'()*+,=:@-]{1,8}$/), { minLength: 1, maxLength: 8 });
     fc.assert(
       fc.property(plain, fc.constantFrom('', '?a=1', '?b=/../x'), (parts, query) => {
         fc.pre(parts.every((p) => p !== '.' && p !== '..'));
