@@ -31,7 +31,7 @@ const keyFile = (plans: ReadonlySet<string>) => {
       sha256: valid(
         v.string,
         (hash) => SHA256_HEX.test(hash),
-        got('sha256 must be 64 hex digits (npx oapi-gateway keys hash KEY prints it)'),
+        got('sha256 must be 64 hex digits ("npx oapi-gateway keys hash -" prints it from the key on standard input)'),
       ),
       plan: v.nullish(
         v.pipe(
