@@ -53,6 +53,16 @@ return units
 export const MAX_UNSETTLED_CALLS = 256;
 const RECONCILE_EVERY_MS = 500;
 
+/**
+ * An undo Redis refused (the key is no counter: something else was written there) has nothing to
+ * take back; the call is settled like the others, or it would stay unsettled for good and, past
+ * MAX_UNSETTLED_CALLS, keep the instance from counting in Redis at all.
+ */
+function notACounter(err: unknown): number {
+  if (toStoreError(err).kind === 'reply') return 0;
+  throw err;
+}
+
 /** A counting call: its counters (repeats allowed) and the windows it counted in. */
 export interface CountingCall extends WindowIds {
   readonly keys: Iterable<string>;
@@ -160,7 +170,9 @@ export class ReceiptLedger {
         // Commands of one connection run in order, so each undo runs after its doubtful call (if that ever runs).
         await Promise.all(
           pending.flatMap(([seq, call]) =>
-            [...call.keys].map((key) => this.#client.oapiUndo(key, this.#field, seq, call.hourStart, call.dayStart)),
+            [...call.keys].map((key) =>
+              this.#client.oapiUndo(key, this.#field, seq, call.hourStart, call.dayStart).catch(notACounter),
+            ),
           ),
         );
         for (const [seq] of pending) {

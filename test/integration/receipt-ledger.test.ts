@@ -154,6 +154,21 @@ describe('ReceiptLedger: what it takes back', () => {
     ledger.close();
   });
 
+  it('settles a call in doubt whose counter has become something else, instead of holding it unsettled for good', async () => {
+    const ledger = new ReceiptLedger(client);
+    const [key, other] = [newKey(), newKey()];
+    const doubtful = ledger.issue();
+    await count(client, doubtful, [key, other]);
+    await inspect.set(key, 'not a counter');
+    ledger.failed(doubtful, { keys: [key, other], hourStart: H, dayStart: D }, connectionLost);
+    await ledger.reconcile();
+    expect(ledger.inDoubt).toBe(0);
+    expect(ledger.unsettled).toBe(0);
+    // The counter that is one still gets its unit back.
+    expect((await counter(other, doubtful.field)).slice(1, 4)).toEqual(['0', String(D), '0']);
+    ledger.close();
+  });
+
   it('counts its unsettled calls from the oldest one, whatever order they are settled in', () => {
     const ledger = new ReceiptLedger(client);
     const receipts = Array.from({ length: 5 }, () => ledger.issue());
