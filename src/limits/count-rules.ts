@@ -68,6 +68,14 @@ export function countStep(
 }
 
 /**
+ * Receipts of one instance a counter keeps at most, the newest. Twice the calls an instance may
+ * have unsettled (redis/receipt-ledger.ts, MAX_UNSETTLED_CALLS): a bound on what a counter holds
+ * while a call of the instance is unsettled for long (on a Cluster, behind a node that is down),
+ * never reached by the calls between one in doubt and its undo.
+ */
+export const RECEIPTS_KEPT = 512;
+
+/**
  * The receipt of one counting call (redis/receipt-ledger.ts; docs/operations.md "Redis": no unit
  * is counted twice): the counter field of the instance that sent it, the call's sequence number
  * there, and the lowest sequence number of that instance's calls still unsettled (out, or in
@@ -87,9 +95,9 @@ export interface Receipt {
  * count, day count. Each counter is read once and written once, so a batch costs Redis no more
  * than its distinct counters. A counter that gained units records `seq:units,` in front of the
  * sending instance's own field (`rc:<instance>`), newest first, and drops that instance's
- * receipts older than its oldest unsettled call, which nothing will ever take back: a receipt
- * stays exactly as long as the receipt ledger may need it, and no other instance's calls touch
- * it. A new day sets the counter's expiry, which takes every field with it.
+ * receipts older than its oldest unsettled call, which nothing will ever take back (and any past
+ * RECEIPTS_KEPT): a receipt stays as long as the receipt ledger may need it, and no other
+ * instance's calls touch it. A new day sets the counter's expiry, which takes every field with it.
  */
 export const CONSUME_SCRIPT = `
 local hs = tonumber(ARGV[1])
@@ -135,9 +143,10 @@ end
 for _, key in ipairs(order) do
   local c = counters[key]
   if c.added > 0 then
-    -- Receipts are newest first: keep them up to the first one older than the oldest unsettled call.
+    -- Receipts are newest first: keep them up to the first one older than the oldest unsettled call,
+    -- RECEIPTS_KEPT with this one at most.
     local keep = 0
-    while true do
+    for _ = 2, ${RECEIPTS_KEPT} do
       local colon = string.find(c.rc, ':', keep + 1, true)
       if not colon or tonumber(string.sub(c.rc, keep + 1, colon - 1)) < oldest then break end
       keep = string.find(c.rc, ',', colon, true)

@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import type { Receipt } from '../limits/count-rules.js';
+import { RECEIPTS_KEPT, type Receipt } from '../limits/count-rules.js';
 import type { StoreUnavailableError, WindowIds } from '../limits/store.js';
 import type { RedisClient } from './connection.js';
 import { toStoreError } from './errors.js';
@@ -17,9 +17,9 @@ import { toStoreError } from './errors.js';
  *
  * A call is unsettled from the moment it is sent until it is answered, or, in doubt, until its
  * units were taken back; each call tells the script the oldest unsettled one, and the script
- * keeps every receipt from there on. So a receipt is still there when its undo comes, however
- * many calls went in between, and at most MAX_UNSETTLED_CALLS receipts of one instance are in a
- * counter at a time.
+ * keeps every receipt from there on (up to RECEIPTS_KEPT of the instance). So a receipt is still
+ * there when its undo comes, however many calls went in between: the calls sent after a call in
+ * doubt and before its undo are at most those unsettled with it, fewer than MAX_UNSETTLED_CALLS.
  */
 
 /**
@@ -46,11 +46,10 @@ return units
 
 /**
  * Unsettled calls of one instance at most (docs/operations.md "Redis"). Beyond, a request is not
- * sent (it is decided as when Redis is away), so a counter never holds more receipts of one
- * instance than this. Far more than one instance has out even behind a stalled Redis
- * (REDIS_TIMEOUT_MS / 5 ms); only a Redis that stays away with calls in doubt reaches it.
+ * sent (it is decided as when Redis is away). Far more than one instance has out even behind a
+ * stalled Redis (REDIS_TIMEOUT_MS / 5 ms); half of what a counter keeps of one instance.
  */
-export const MAX_UNSETTLED_CALLS = 256;
+export const MAX_UNSETTLED_CALLS = RECEIPTS_KEPT / 2;
 const RECONCILE_EVERY_MS = 500;
 
 /**
@@ -103,9 +102,9 @@ export class ReceiptLedger {
     return this.#inDoubt.size;
   }
 
-  /** Calls sent and not settled (answered, or taken back), counted from the oldest of them. */
+  /** Calls sent and not settled yet (answered, or taken back). */
   get unsettled(): number {
-    return this.#nextSeq - this.#oldestUnsettled();
+    return this.#unsettled.length - this.#unsettledHead - this.#settledEarly.size;
   }
 
   /** The receipt of a new call, which is unsettled from now on until settled() or failed() and taken back. */

@@ -7,6 +7,7 @@ import {
   mergeArgs,
   mergeStep,
   pushConsumeArgs,
+  RECEIPTS_KEPT,
   type Receipt,
   type StoredCounter,
 } from '../../src/limits/count-rules.js';
@@ -41,7 +42,7 @@ const stored = fc.option(fc.record({ hourStart: hourStarts, hour: fc.nat(6), day
 const FIELD = 'rc:this';
 const OTHER_FIELD = 'rc:other';
 /** The sequence number of the call under test: receipts already in a counter are older. */
-const SEQ = 100;
+const SEQ = 1000;
 const receiptOf = (seq: number, oldestUnsettled: number): Receipt => ({ field: FIELD, seq, oldestUnsettled });
 /** Receipts already in a counter, newest first (sequence numbers descending, below SEQ). */
 const receipts = fc
@@ -73,7 +74,7 @@ describe('CONSUME_SCRIPT', () => {
   it('counts every request of a call as countStep does, one after the other, recording the call receipt in the counters it added to', async () => {
     const call = fc.record({
       counters: fc.array(fc.record({ stored, rc: receipts }), { minLength: 1, maxLength: 3 }),
-      oldestUnsettled: fc.integer({ min: 0, max: SEQ }),
+      oldestUnsettled: fc.integer({ min: SEQ - 100, max: SEQ }),
       windows,
       requests: fc.array(
         fc.record({ counter: fc.nat(2), hourLimit: fc.nat(6), dayLimit: fc.nat(8), force: fc.boolean() }),
@@ -129,6 +130,35 @@ describe('CONSUME_SCRIPT', () => {
         }
       }),
       { numRuns: 150 },
+    );
+  });
+
+  it(`keeps at most ${RECEIPTS_KEPT} receipts of one instance in a counter, the newest`, async () => {
+    const key = `${prefix}many${++run}`;
+    const older = Array.from({ length: RECEIPTS_KEPT + 50 }, (_, i) => ({ seq: SEQ - 1 - i, units: 1 }));
+    await client.hset(key, { hs: H, hc: 1, ds: D, dc: 1, [FIELD]: receiptText(older) });
+    const keysThenArgs: Array<string | number> = [key];
+    pushConsumeArgs(
+      keysThenArgs,
+      [
+        {
+          request: {
+            keyHash: 'k',
+            counterId: 'row',
+            hourStart: H,
+            dayStart: D,
+            expireAt: EXPIRE_AT,
+            hourLimit: 9,
+            dayLimit: 9,
+            force: false,
+          },
+        },
+      ],
+      receiptOf(SEQ, 0),
+    );
+    await client.eval(CONSUME_SCRIPT, 1, ...keysThenArgs);
+    expect(await client.hget(key, FIELD)).toBe(
+      receiptText([{ seq: SEQ, units: 1 }, ...older.slice(0, RECEIPTS_KEPT - 1)]),
     );
   });
 
