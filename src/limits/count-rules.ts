@@ -16,27 +16,11 @@ export interface StoredCounter {
   day: number;
 }
 
-/**
- * Windows that start less than this apart (seconds) are one window whose bounds were redefined,
- * not two: a new `timezone` moves the start of the hour (by a fraction of an hour) or of the day
- * (by hours) that is in progress, and its count goes on in the new bounds rather than starting
- * from zero (README "The limit table"). Hours of one timezone start exactly an hour apart, days at
- * least 23 hours apart (a day that loses an hour to daylight saving time).
- */
-export const HOUR_SPAN = 3600;
-export const SHORTEST_DAY = 23 * 3600;
-
-/** A counter's window that started at `stored` is over for a request of the window starting at `start`. */
-function isOver(stored: number, start: number, span: number): boolean {
-  return start - stored >= span;
-}
-
 /** What a counter holds in the windows `ids` name: the count of each of its windows that is not over. */
 export function usageIn(stored: StoredCounter | undefined, ids: WindowIds): Usage {
-  if (!stored) return { hour: 0, day: 0 };
   return {
-    hour: isOver(stored.hourStart, ids.hourStart, HOUR_SPAN) ? 0 : stored.hour,
-    day: isOver(stored.dayStart, ids.dayStart, SHORTEST_DAY) ? 0 : stored.day,
+    hour: stored && stored.hourStart >= ids.hourStart ? stored.hour : 0,
+    day: stored && stored.dayStart >= ids.dayStart ? stored.day : 0,
   };
 }
 
@@ -44,8 +28,7 @@ export function usageIn(stored: StoredCounter | undefined, ids: WindowIds): Usag
  * One request: allowed when both windows have room, then one unit is added to each; a refused
  * request changes nothing. Windows only move forward: when another instance, whose clock is
  * slightly ahead, has already started the next window, this step counts in that window rather
- * than resetting it. A window redefined by a new timezone (HOUR_SPAN, SHORTEST_DAY) keeps its count
- * and takes the new start.
+ * than resetting it.
  */
 export function countStep(
   stored: StoredCounter | undefined,
@@ -56,10 +39,14 @@ export function countStep(
   let hour = 0;
   let day = 0;
   if (stored) {
-    hourStart = Math.max(hourStart, stored.hourStart);
-    if (!isOver(stored.hourStart, request.hourStart, HOUR_SPAN)) hour = stored.hour;
-    dayStart = Math.max(dayStart, stored.dayStart);
-    if (!isOver(stored.dayStart, request.dayStart, SHORTEST_DAY)) day = stored.day;
+    if (stored.hourStart >= hourStart) {
+      hourStart = stored.hourStart;
+      hour = stored.hour;
+    }
+    if (stored.dayStart >= dayStart) {
+      dayStart = stored.dayStart;
+      day = stored.day;
+    }
   }
   if (!request.force && (hour >= request.hourLimit || day >= request.dayLimit)) {
     return { allowed: false, hourStart, hour, dayStart, day };
@@ -68,10 +55,10 @@ export function countStep(
 }
 
 /**
- * Receipts of one instance a counter keeps at most, the newest. Twice the calls an instance may
- * have unsettled (redis/receipt-ledger.ts, MAX_UNSETTLED_CALLS): a bound on what a counter holds
- * while a call of the instance is unsettled for long (on a Cluster, behind a node that is down),
- * never reached by the calls between one in doubt and its undo.
+ * Receipts of one instance a counter keeps at most, the newest. Twice the calls an instance lets
+ * out at once (redis/consume-batcher.ts, MAX_CALLS_OUT): a bound on what a counter holds while a
+ * call of the instance stays unsettled (on a Cluster, behind a node that is down), never reached
+ * by the calls between one in doubt and its undo.
  */
 export const RECEIPTS_KEPT = 512;
 
@@ -124,8 +111,8 @@ for i = 1, #KEYS do
     order[#order + 1] = key
   end
   local hc, dc = c.hc, c.dc
-  if not c.hs or hs - c.hs >= ${HOUR_SPAN} then hc = 0 end
-  if not c.ds or ds - c.ds >= ${SHORTEST_DAY} then dc = 0 end
+  if not c.hs or c.hs < hs then hc = 0 end
+  if not c.ds or c.ds < ds then dc = 0 end
   if force ~= '1' and (hc >= tonumber(hourLimit) or dc >= tonumber(dayLimit)) then
     out[#out + 1] = 0
   else
@@ -181,28 +168,16 @@ export function pushConsumeArgs(
  * Redis): units of a window the counter is still in are added; a window the counter has not
  * reached yet starts with them; a window the counter has already left behind (another instance
  * started the next one) is not touched, since those units belong to a window that is over.
- * Windows that are one window redefined (HOUR_SPAN, SHORTEST_DAY) add up, in the later bounds.
  */
 export function mergeStep(stored: StoredCounter | undefined, entry: MergeEntry): StoredCounter {
   let { hourStart, hour, dayStart, day } = entry;
   if (stored) {
-    [hourStart, hour] = merged(stored.hourStart, stored.hour, hourStart, hour, HOUR_SPAN);
-    [dayStart, day] = merged(stored.dayStart, stored.day, dayStart, day, SHORTEST_DAY);
+    if (stored.hourStart > hourStart) ({ hourStart, hour } = stored);
+    else if (stored.hourStart === hourStart) hour += stored.hour;
+    if (stored.dayStart > dayStart) ({ dayStart, day } = stored);
+    else if (stored.dayStart === dayStart) day += stored.day;
   }
   return { hourStart, hour, dayStart, day };
-}
-
-/** One window of a merge: the later one alone when the earlier is over, else both counts in the later bounds. */
-function merged(
-  storedStart: number,
-  storedUnits: number,
-  start: number,
-  units: number,
-  span: number,
-): [number, number] {
-  if (isOver(storedStart, start, span)) return [start, units];
-  if (isOver(start, storedStart, span)) return [storedStart, storedUnits];
-  return [Math.max(storedStart, start), storedUnits + units];
 }
 
 /** Arguments per merged counter: hourStart, hour, dayStart, day, expireAt (see mergeArgs). */
@@ -220,15 +195,9 @@ for i = 1, #KEYS do
   local hs, hc = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local ds, dc = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
   local shs, sds = tonumber(v[1]), tonumber(v[3])
+  if shs and shs > hs then hs, hc = shs, tonumber(v[2]) or 0 elseif shs == hs then hc = hc + (tonumber(v[2]) or 0) end
   local newDay = not sds or sds < ds
-  if shs then
-    if shs - hs >= ${HOUR_SPAN} then hs, hc = shs, tonumber(v[2]) or 0
-    elseif hs - shs < ${HOUR_SPAN} then hs, hc = math.max(hs, shs), hc + (tonumber(v[2]) or 0) end
-  end
-  if sds then
-    if sds - ds >= ${SHORTEST_DAY} then ds, dc = sds, tonumber(v[4]) or 0
-    elseif ds - sds < ${SHORTEST_DAY} then ds, dc = math.max(ds, sds), dc + (tonumber(v[4]) or 0) end
-  end
+  if sds and sds > ds then ds, dc = sds, tonumber(v[4]) or 0 elseif sds == ds then dc = dc + (tonumber(v[4]) or 0) end
   redis.call('HSET', KEYS[i], 'hs', hs, 'hc', hc, 'ds', ds, 'dc', dc)
   if newDay then redis.call('PEXPIREAT', KEYS[i], ARGV[a + 5]) end
 end

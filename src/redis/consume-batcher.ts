@@ -1,8 +1,8 @@
 import type { Cluster } from 'ioredis';
-import { CONSUME_SCRIPT, pushConsumeArgs } from '../limits/count-rules.js';
+import { CONSUME_SCRIPT, pushConsumeArgs, RECEIPTS_KEPT } from '../limits/count-rules.js';
 import { StoreUnavailableError, type ConsumeRequest, type Counts } from '../limits/store.js';
 import type { RedisClient } from './connection.js';
-import { MAX_UNSETTLED_CALLS, type ReceiptLedger } from './receipt-ledger.js';
+import type { ReceiptLedger } from './receipt-ledger.js';
 
 /**
  * Counting requests with the consume script (docs/performance.md "Counting costs one
@@ -21,8 +21,7 @@ import { MAX_UNSETTLED_CALLS, type ReceiptLedger } from './receipt-ledger.js';
  *
  * Every call carries a receipt from the ledger, which is told how every call ended
  * (redis/receipt-ledger.ts). No call is sent on a connection that is not ready (it could not
- * run), nor while MAX_UNSETTLED_CALLS of this instance are unsettled: its requests are decided as
- * when Redis is away.
+ * run), nor while MAX_CALLS_OUT are out: its requests are decided as when Redis is away.
  */
 
 /**
@@ -31,6 +30,14 @@ import { MAX_UNSETTLED_CALLS, type ReceiptLedger } from './receipt-ledger.js';
  * it only bounds the wait behind a slow call.
  */
 export const MAX_WAIT_MS = 5;
+
+/**
+ * Calls out at once at most (docs/operations.md "Redis"): half the receipts a counter keeps of one
+ * instance, so that the calls between one in doubt and its undo never push its receipt out. Far
+ * more than are out even behind a stalled Redis (REDIS_TIMEOUT_MS / MAX_WAIT_MS with batching, one
+ * per request waiting on a Cluster).
+ */
+export const MAX_CALLS_OUT = RECEIPTS_KEPT / 2;
 
 interface Pending {
   readonly key: string;
@@ -174,8 +181,8 @@ export class ConsumeBatcher {
     if (this.#client.status !== 'ready') {
       return new StoreUnavailableError('connection', `Redis unavailable: connection ${this.#client.status}`);
     }
-    if (this.#ledger.unsettled >= MAX_UNSETTLED_CALLS) {
-      return new StoreUnavailableError('timeout', `Redis is behind: ${MAX_UNSETTLED_CALLS} calls unsettled`);
+    if (this.#inFlight >= MAX_CALLS_OUT) {
+      return new StoreUnavailableError('timeout', `Redis is behind: ${MAX_CALLS_OUT} calls out`);
     }
     return undefined;
   }

@@ -1,5 +1,5 @@
 import { randomBytes } from 'node:crypto';
-import { RECEIPTS_KEPT, type Receipt } from '../limits/count-rules.js';
+import type { Receipt } from '../limits/count-rules.js';
 import type { StoreUnavailableError, WindowIds } from '../limits/store.js';
 import type { RedisClient } from './connection.js';
 import { toStoreError } from './errors.js';
@@ -18,8 +18,9 @@ import { toStoreError } from './errors.js';
  * A call is unsettled from the moment it is sent until it is answered, or, in doubt, until its
  * units were taken back; each call tells the script the oldest unsettled one, and the script
  * keeps every receipt from there on (up to RECEIPTS_KEPT of the instance). So a receipt is still
- * there when its undo comes, however many calls went in between: the calls sent after a call in
- * doubt and before its undo are at most those unsettled with it, fewer than MAX_UNSETTLED_CALLS.
+ * there when its undo runs: the undo is sent as soon as the call fails on a live connection, or
+ * when a new one is ready, so the calls that run between a call in doubt and its undo are those
+ * that were out with it, fewer than the batcher lets out at once (MAX_CALLS_OUT).
  */
 
 /**
@@ -44,21 +45,15 @@ redis.call('HSET', KEYS[1], 'hc', hc, 'dc', dc, ARGV[1], rc)
 return units
 `;
 
-/**
- * Unsettled calls of one instance at most (docs/operations.md "Redis"). Beyond, a request is not
- * sent (it is decided as when Redis is away). Far more than one instance has out even behind a
- * stalled Redis (REDIS_TIMEOUT_MS / 5 ms); half of what a counter keeps of one instance.
- */
-export const MAX_UNSETTLED_CALLS = RECEIPTS_KEPT / 2;
 const RECONCILE_EVERY_MS = 500;
 
 /**
- * An undo Redis refused (the key is no counter: something else was written there) has nothing to
- * take back; the call is settled like the others, or it would stay unsettled for good and, past
- * MAX_UNSETTLED_CALLS, keep the instance from counting in Redis at all.
+ * An undo Redis refused because the key is no counter (something else was written there) has
+ * nothing to take back: the call is settled, or it would stay unsettled for good. Any other
+ * refusal (out of memory, a read-only replica, a busy script) leaves it in doubt, tried again.
  */
 function notACounter(err: unknown): number {
-  if (toStoreError(err).kind === 'reply') return 0;
+  if (err instanceof Error && err.name === 'ReplyError' && err.message.startsWith('WRONGTYPE')) return 0;
   throw err;
 }
 
@@ -116,7 +111,10 @@ export class ReceiptLedger {
 
   /** The call was answered: nothing to take back. */
   settled(receipt: Receipt): void {
-    const { seq } = receipt;
+    this.#settle(receipt.seq);
+  }
+
+  #settle(seq: number): void {
     if (seq < this.#oldestUnsettled()) return; // settled before
     if (this.#unsettled[this.#unsettledHead] !== seq) {
       this.#settledEarly.add(seq);
@@ -144,7 +142,8 @@ export class ReceiptLedger {
 
   /**
    * A call failed: unless Redis refused it outright (then nothing ran), it may have counted, and
-   * its receipt is held in doubt until reconciled. Returns the failure as the typed store error.
+   * its receipt is held in doubt until its units were taken back. Returns the failure as the
+   * typed store error.
    */
   failed(receipt: Receipt, call: CountingCall, err: unknown): StoreUnavailableError {
     const failure = toStoreError(err);
@@ -152,46 +151,46 @@ export class ReceiptLedger {
       this.settled(receipt);
       return failure;
     }
-    this.#inDoubt.set(receipt.seq, { keys: new Set(call.keys), hourStart: call.hourStart, dayStart: call.dayStart });
+    const doubtful = { keys: new Set(call.keys), hourStart: call.hourStart, dayStart: call.dayStart };
+    this.#inDoubt.set(receipt.seq, doubtful);
     this.#reconcileTimer ??= setInterval(() => void this.reconcile(), RECONCILE_EVERY_MS).unref();
-    // A timed-out call is still queued on a live connection: the undo goes right behind it.
-    if (failure.kind === 'timeout') void this.reconcile();
+    // On a connection still up (a timed-out call is still queued on it) the undo goes at once: right
+    // behind the doubtful call and ahead of every call sent after this, none of which can then push
+    // its receipt out first. On a connection that is down, 'ready' sends it, before any new call.
+    if (this.#client.status === 'ready') void this.#undo(receipt.seq, doubtful);
     return failure;
   }
 
   /** Takes back the units of doubtful calls that Redis did count. Safe to call at any time. */
   reconcile(): Promise<void> {
     if (this.#inDoubt.size === 0 || this.#client.status !== 'ready') return Promise.resolve();
-    this.#reconciling ??= (async () => {
-      const pending = [...this.#inDoubt];
-      let done = false;
-      try {
-        // Commands of one connection run in order, so each undo runs after its doubtful call (if that ever runs).
-        await Promise.all(
-          pending.flatMap(([seq, call]) =>
-            [...call.keys].map((key) =>
-              this.#client.oapiUndo(key, this.#field, seq, call.hourStart, call.dayStart).catch(notACounter),
-            ),
-          ),
-        );
-        for (const [seq] of pending) {
-          this.#inDoubt.delete(seq);
-          this.settled({ field: this.#field, seq, oldestUnsettled: 0 });
-        }
-        if (this.#inDoubt.size === 0) {
-          clearInterval(this.#reconcileTimer);
-          this.#reconcileTimer = undefined;
-        }
-        done = true;
-      } catch {
-        // Redis is away again (or the undo timed out behind a slow Redis, where it still runs): the next attempt settles it.
-      } finally {
-        this.#reconciling = undefined;
-      }
-      // Calls that fell in doubt while this round was out are taken back at once, not at the next tick of the timer.
-      if (done && this.#inDoubt.size > 0) await this.reconcile();
-    })();
+    // Each call is settled as soon as its own undo is through: one counter on a Cluster node that
+    // is down holds back no other. What fails is tried again by the timer, or on 'ready'.
+    this.#reconciling ??= Promise.all([...this.#inDoubt].map(([seq, call]) => this.#undo(seq, call))).then(() => {
+      this.#reconciling = undefined;
+    });
     return this.#reconciling;
+  }
+
+  /** The undo of one doubtful call, on every counter it touched; true once it is through. */
+  async #undo(seq: number, call: DoubtfulCall): Promise<boolean> {
+    try {
+      // Commands of one connection run in order, so each undo runs after its doubtful call (if that ever runs).
+      await Promise.all(
+        [...call.keys].map((key) =>
+          this.#client.oapiUndo(key, this.#field, seq, call.hourStart, call.dayStart).catch(notACounter),
+        ),
+      );
+    } catch {
+      // Redis is away again (or the undo timed out behind a slow Redis, where it still runs): tried again later.
+      return false;
+    }
+    if (this.#inDoubt.delete(seq)) this.#settle(seq);
+    if (this.#inDoubt.size === 0) {
+      clearInterval(this.#reconcileTimer);
+      this.#reconcileTimer = undefined;
+    }
+    return true;
   }
 
   /** Stops reconciling by itself (on shutdown, after a last reconcile()). */

@@ -1,5 +1,5 @@
 import { afterAll, describe, expect, it } from 'vitest';
-import { CONSUME_SCRIPT, pushConsumeArgs, type Receipt } from '../../src/limits/count-rules.js';
+import { CONSUME_SCRIPT, pushConsumeArgs, RECEIPTS_KEPT, type Receipt } from '../../src/limits/count-rules.js';
 import { createRedisClient, type RedisClient } from '../../src/redis/connection.js';
 import { ReceiptLedger } from '../../src/redis/receipt-ledger.js';
 import { request } from '../helpers/store-contract.js';
@@ -29,8 +29,8 @@ const connectionLost = new Error('Connection is closed.');
 const other = (seq: number): Receipt => ({ field: 'rc:other', seq, oldestUnsettled: seq });
 
 /** One consume call with the given receipt, as the store sends it: `keys` (repeats allowed) in windows `hourStart`, `dayStart`. */
-async function count(c: RedisClient, receipt: Receipt, keys: string[], hourStart = H): Promise<void> {
-  const items = keys.map((key) => ({ key, request: request({ hourStart, hourLimit: 100, dayLimit: 100 }) }));
+async function count(c: RedisClient, receipt: Receipt, keys: string[], hourStart = H, limit = 100): Promise<void> {
+  const items = keys.map((key) => ({ key, request: request({ hourStart, hourLimit: limit, dayLimit: limit }) }));
   const keysThenArgs: Array<string | number> = [...keys];
   pushConsumeArgs(keysThenArgs, items, receipt);
   await c.eval(CONSUME_SCRIPT, keys.length, ...keysThenArgs);
@@ -188,25 +188,94 @@ describe('ReceiptLedger: what it takes back', () => {
 });
 
 describe('ReceiptLedger: when it reconciles', () => {
-  it('reconciles by itself every half second while calls are in doubt, and no longer once closed', async () => {
-    const [open, closed] = [new ReceiptLedger(client), new ReceiptLedger(client)];
-    const [k1, k2] = [newKey(), newKey()];
+  it('tries an undo that failed again every half second while calls are in doubt, and no longer once closed', async () => {
+    const own = await startRedisServer();
+    const quick = createRedisClient({ url: own.url, commandTimeoutMs: 100 });
+    quick.on('error', () => {});
+    await quick.connect();
+    const direct = redisClient(own.url);
+    const [open, closed] = [new ReceiptLedger(quick), new ReceiptLedger(quick)];
     for (const [ledger, key] of [
-      [open, k1],
-      [closed, k2],
+      [open, 'k1'],
+      [closed, 'k2'],
     ] as const) {
       const receipt = ledger.issue();
-      await count(client, receipt, [key]);
-      ledger.failed(receipt, { keys: [key], hourStart: H, dayStart: D }, connectionLost);
+      await count(quick, receipt, [key]);
     }
+    // Both undos, sent at once, time out behind a pause.
+    await direct.call('CLIENT', 'PAUSE', '250', 'ALL');
+    open.failed(open.issue(), { keys: ['k1'], hourStart: H, dayStart: D }, connectionLost);
+    closed.failed(closed.issue(), { keys: ['k2'], hourStart: H, dayStart: D }, connectionLost);
     closed.close();
     await until(() => open.inDoubt === 0, 1500);
     await new Promise((r) => setTimeout(r, 600));
     expect(open.inDoubt).toBe(0);
-    expect((await counter(k1))[1]).toBe('0');
     expect(closed.inDoubt).toBe(1);
-    expect((await counter(k2))[1]).toBe('1');
     open.close();
+    direct.disconnect();
+    quick.disconnect();
+    await own.stop();
+  });
+
+  it('sends the undo of a call that falls in doubt at once, ahead of the calls after it, even while other undos are out (regression: it waited for the next round, and 512 answered calls pushed its receipt out)', async () => {
+    const own = await startRedisServer();
+    const quick = createRedisClient({ url: own.url, commandTimeoutMs: 100 });
+    quick.on('error', () => {});
+    await quick.connect();
+    const direct = redisClient(own.url);
+    const ledger = new ReceiptLedger(quick);
+    const key = 'hot';
+    const call = async (): Promise<boolean> => {
+      const receipt = ledger.issue();
+      try {
+        await count(quick, receipt, [key], H, 10_000);
+        ledger.settled(receipt);
+        return true;
+      } catch (err) {
+        ledger.failed(receipt, { keys: [key], hourStart: H, dayStart: D }, err);
+        return false;
+      }
+    };
+    await call(); // loads the script
+    await direct.call('CLIENT', 'PAUSE', '220', 'ALL');
+    // The first call times out and its undo goes out; the second times out while that undo is still out.
+    const first = call();
+    await new Promise((r) => setTimeout(r, 50));
+    const second = call();
+    expect(await Promise.all([first, second])).toEqual([false, false]);
+    await new Promise((r) => setTimeout(r, 150)); // the pause is over
+    let answered = 1;
+    for (let i = 0; i < RECEIPTS_KEPT + 100; i++) if (await call()) answered++;
+    await until(() => ledger.inDoubt === 0, 2000);
+    expect(ledger.inDoubt).toBe(0);
+    expect(await direct.hget(key, 'hc')).toBe(String(answered));
+    ledger.close();
+    direct.disconnect();
+    quick.disconnect();
+    await own.stop();
+  });
+
+  it('keeps a call in doubt when Redis refuses its undo for another reason than a key of another type (out of memory)', async () => {
+    const own = await startRedisServer();
+    const c = createRedisClient({ url: own.url, commandTimeoutMs: 1000 });
+    await c.connect();
+    const direct = redisClient(own.url);
+    const ledger = new ReceiptLedger(c);
+    const receipt = ledger.issue();
+    await count(c, receipt, ['full']);
+    await direct.config('SET', 'maxmemory-policy', 'noeviction');
+    await direct.config('SET', 'maxmemory', '1');
+    ledger.failed(receipt, { keys: ['full'], hourStart: H, dayStart: D }, connectionLost);
+    await ledger.reconcile();
+    expect(ledger.inDoubt).toBe(1);
+    await direct.config('SET', 'maxmemory', '0');
+    await ledger.reconcile();
+    expect(ledger.inDoubt).toBe(0);
+    expect(await direct.hmget('full', 'hc', 'dc')).toEqual(['0', '0']);
+    ledger.close();
+    direct.disconnect();
+    c.disconnect();
+    await own.stop();
   });
 
   it('keeps calls in doubt while Redis is away, and takes their units back as soon as the connection is ready again', async () => {
