@@ -80,8 +80,9 @@ export interface Receipt {
  * dayStart, expireAt), the requests' limits in one argument (`hourLimit,dayLimit,force,` per
  * request), the call's receipt (see pushConsumeArgs). Answers three numbers per request: allowed, hour
  * count, day count. Each counter is read once and written once, so a batch costs Redis no more
- * than its distinct counters. A counter that gained units records `seq:units,` in front of the
- * sending instance's own field (`rc:<instance>`), newest first, and drops that instance's
+ * than its distinct counters. A counter that gained units records `seq:units:hourStart:dayStart,`
+ * (the windows the units went in, which are the counter's, not the call's, when another instance
+ * had already moved it on) in front of the sending instance's own field (`rc:<instance>`), newest first, and drops that instance's
  * receipts older than its oldest unsettled call, which nothing will ever take back (and any past
  * RECEIPTS_KEPT): a receipt stays as long as the receipt ledger may need it, and no other
  * instance's calls touch it. A new day sets the counter's expiry, which takes every field with it.
@@ -138,7 +139,7 @@ for _, key in ipairs(order) do
       if not colon or tonumber(string.sub(c.rc, keep + 1, colon - 1)) < oldest then break end
       keep = string.find(c.rc, ',', colon, true)
     end
-    local rc = seq .. ':' .. c.added .. ',' .. string.sub(c.rc, 1, keep)
+    local rc = seq .. ':' .. c.added .. ':' .. c.hs .. ':' .. c.ds .. ',' .. string.sub(c.rc, 1, keep)
     redis.call('HSET', key, 'hs', c.hs, 'hc', c.hc, 'ds', c.ds, 'dc', c.dc, field, rc)
     if c.newDay then redis.call('PEXPIREAT', key, expireAt) end
   end

@@ -32,10 +32,10 @@ import type { ReceiptLedger } from './receipt-ledger.js';
 export const MAX_WAIT_MS = 5;
 
 /**
- * Calls out at once at most (docs/operations.md "Redis"): half the receipts a counter keeps of one
- * instance, so that the calls between one in doubt and its undo never push its receipt out. Far
- * more than are out even behind a stalled Redis (REDIS_TIMEOUT_MS / MAX_WAIT_MS with batching, one
- * per request waiting on a Cluster).
+ * Calls out at once at most (docs/operations.md "Redis"), on a single Redis, or per counter on a
+ * Cluster: half the receipts a counter keeps of one instance, so that the calls between one in
+ * doubt and its undo never push its receipt out. Far more than are out even behind a stalled
+ * Redis (REDIS_TIMEOUT_MS / MAX_WAIT_MS with batching, one per request waiting on a Cluster).
  */
 export const MAX_CALLS_OUT = RECEIPTS_KEPT / 2;
 
@@ -61,6 +61,8 @@ export class ConsumeBatcher {
   #batch: Pending[] = [];
   /** Calls sent and not answered yet: one, or more behind a slow one (MAX_WAIT_MS) or at a window boundary. */
   #inFlight = 0;
+  /** Without batching (a Cluster), the calls out per counter: a node that is down holds back only its own. */
+  readonly #inFlightByKey = new Map<string, number>();
   /** The next call is due in the next check phase of the event loop (setImmediate). */
   #due = false;
   readonly #maxWaitMs: number;
@@ -139,11 +141,13 @@ export class ConsumeBatcher {
 
   /** One script call for the whole batch: its counters, its windows, their limits, the call's receipt. */
   #run(batch: readonly Pending[]): void {
-    const notSent = this.#cannotSend();
+    const notSent = this.#cannotSend(batch);
     if (notSent) {
       for (const pending of batch) pending.reject(notSent);
       return;
     }
+    const alone = this.#batching ? undefined : (batch[0] as Pending).key;
+    if (alone !== undefined) this.#inFlightByKey.set(alone, (this.#inFlightByKey.get(alone) ?? 0) + 1);
     const receipt = this.#ledger.issue();
     const keysThenArgs: Array<string | number> = batch.map((p) => p.key);
     pushConsumeArgs(keysThenArgs, batch, receipt);
@@ -155,7 +159,7 @@ export class ConsumeBatcher {
     this.#inFlight++;
     reply.then(
       (counts) => {
-        this.#inFlight--;
+        this.#answered(alone);
         this.#ledger.settled(receipt);
         this.#sendWhenFree();
         batch.forEach((pending, i) =>
@@ -167,21 +171,30 @@ export class ConsumeBatcher {
         );
       },
       (err: unknown) => {
-        this.#inFlight--;
-        const { hourStart, dayStart } = (batch[0] as Pending).request;
-        const failure = this.#ledger.failed(receipt, { keys: batch.map((p) => p.key), hourStart, dayStart }, err);
+        this.#answered(alone);
+        const failure = this.#ledger.failed(receipt, { keys: batch.map((p) => p.key) }, err);
         for (const pending of batch) pending.reject(failure);
         this.#sendWhenFree();
       },
     );
   }
 
+  /** A call is no longer out (`alone`: its one counter, without batching). */
+  #answered(alone: string | undefined): void {
+    this.#inFlight--;
+    if (alone === undefined) return;
+    const out = (this.#inFlightByKey.get(alone) ?? 1) - 1;
+    if (out > 0) this.#inFlightByKey.set(alone, out);
+    else this.#inFlightByKey.delete(alone);
+  }
+
   /** Why a call cannot be sent now, if it cannot: it would not run, or its receipt could not be kept. */
-  #cannotSend(): StoreUnavailableError | undefined {
+  #cannotSend(batch: readonly Pending[]): StoreUnavailableError | undefined {
     if (this.#client.status !== 'ready') {
       return new StoreUnavailableError('connection', `Redis unavailable: connection ${this.#client.status}`);
     }
-    if (this.#inFlight >= MAX_CALLS_OUT) {
+    const out = this.#batching ? this.#inFlight : (this.#inFlightByKey.get((batch[0] as Pending).key) ?? 0);
+    if (out >= MAX_CALLS_OUT) {
       return new StoreUnavailableError('timeout', `Redis is behind: ${MAX_CALLS_OUT} calls out`);
     }
     return undefined;

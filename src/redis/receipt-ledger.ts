@@ -1,6 +1,6 @@
 import { randomBytes } from 'node:crypto';
 import type { Receipt } from '../limits/count-rules.js';
-import type { StoreUnavailableError, WindowIds } from '../limits/store.js';
+import type { StoreUnavailableError } from '../limits/store.js';
 import type { RedisClient } from './connection.js';
 import { toStoreError } from './errors.js';
 
@@ -26,8 +26,8 @@ import { toStoreError } from './errors.js';
 /**
  * Takes back the units a call added to a counter, if (and only if) its receipt is recorded there,
  * and drops the receipt, so a second undo takes nothing. ARGV: the receipt's field and sequence
- * number, hourStart, dayStart (the windows the call counted in: a window the counter has left
- * since keeps its count).
+ * number. The receipt names the windows the units went in: a window the counter has left since
+ * keeps its count.
  */
 const UNDO_SCRIPT = `
 local v = redis.call('HMGET', KEYS[1], 'hs', 'hc', 'ds', 'dc', ARGV[1])
@@ -35,14 +35,16 @@ if not v[5] then return 0 end
 local s, e = string.find(',' .. v[5], ',' .. ARGV[2] .. ':', 1, true)
 if not s then return 0 end
 local stop = string.find(v[5], ',', e, true)
-local units = tonumber(string.sub(v[5], e, stop - 1))
+local units, hs, ds = string.match(string.sub(v[5], e, stop - 1), '^(%d+):(%d+):(%d+)$')
 local rc = string.sub(v[5], 1, s - 1) .. string.sub(v[5], stop + 1)
 local hc = tonumber(v[2])
 local dc = tonumber(v[4])
-if tonumber(v[1]) == tonumber(ARGV[3]) then hc = math.max(0, hc - units) end
-if tonumber(v[3]) == tonumber(ARGV[4]) then dc = math.max(0, dc - units) end
+if units then
+  if tonumber(v[1]) == tonumber(hs) then hc = math.max(0, hc - tonumber(units)) end
+  if tonumber(v[3]) == tonumber(ds) then dc = math.max(0, dc - tonumber(units)) end
+end
 redis.call('HSET', KEYS[1], 'hc', hc, 'dc', dc, ARGV[1], rc)
-return units
+return tonumber(units) or 0
 `;
 
 const RECONCILE_EVERY_MS = 500;
@@ -57,17 +59,17 @@ function notACounter(err: unknown): number {
   throw err;
 }
 
-/** A counting call: its counters (repeats allowed) and the windows it counted in. */
-export interface CountingCall extends WindowIds {
+/** A counting call: its counters (repeats allowed). */
+export interface CountingCall {
   readonly keys: Iterable<string>;
 }
 
-interface DoubtfulCall extends WindowIds {
+interface DoubtfulCall {
   readonly keys: ReadonlySet<string>;
 }
 
 interface UndoCommand {
-  oapiUndo(key: string, field: string, seq: number, hourStart: number, dayStart: number): Promise<number>;
+  oapiUndo(key: string, field: string, seq: number): Promise<number>;
 }
 
 export class ReceiptLedger {
@@ -151,7 +153,7 @@ export class ReceiptLedger {
       this.settled(receipt);
       return failure;
     }
-    const doubtful = { keys: new Set(call.keys), hourStart: call.hourStart, dayStart: call.dayStart };
+    const doubtful = { keys: new Set(call.keys) };
     this.#inDoubt.set(receipt.seq, doubtful);
     this.#reconcileTimer ??= setInterval(() => void this.reconcile(), RECONCILE_EVERY_MS).unref();
     // On a connection still up (a timed-out call is still queued on it) the undo goes at once: right
@@ -176,11 +178,7 @@ export class ReceiptLedger {
   async #undo(seq: number, call: DoubtfulCall): Promise<boolean> {
     try {
       // Commands of one connection run in order, so each undo runs after its doubtful call (if that ever runs).
-      await Promise.all(
-        [...call.keys].map((key) =>
-          this.#client.oapiUndo(key, this.#field, seq, call.hourStart, call.dayStart).catch(notACounter),
-        ),
-      );
+      await Promise.all([...call.keys].map((key) => this.#client.oapiUndo(key, this.#field, seq).catch(notACounter)));
     } catch {
       // Redis is away again (or the undo timed out behind a slow Redis, where it still runs): tried again later.
       return false;

@@ -51,8 +51,10 @@ const receipts = fc
     let seq = SEQ;
     return entries.map(({ gap, units }) => ({ seq: (seq -= gap), units }));
   });
-type Receipts = ReadonlyArray<{ seq: number; units: number }>;
-const receiptText = (rc: Receipts): string => rc.map((r) => `${r.seq}:${r.units},`).join('');
+/** Receipts as the script writes them: `seq:units:hourStart:dayStart,` (the windows the units went in). */
+type Receipts = ReadonlyArray<{ seq: number; units: number; hourStart?: number; dayStart?: number }>;
+const receiptText = (rc: Receipts): string =>
+  rc.map((r) => `${r.seq}:${r.units}:${r.hourStart ?? 0}:${r.dayStart ?? 0},`).join('');
 const windows = fc.record({ hourStart: hourStarts, dayStart: dayStarts });
 
 async function setCounter(key: string, counter: StoredCounter | undefined, rc: Receipts): Promise<void> {
@@ -122,7 +124,8 @@ describe('CONSUME_SCRIPT', () => {
           }
           // The call's receipt in front; of the ones before, those of calls still unsettled stay.
           const kept = (c.stored ? c.rc : []).filter((r) => r.seq >= oldestUnsettled);
-          const rc = receiptText([{ seq: SEQ, units }, ...kept]);
+          const after = state[i] as StoredCounter;
+          const rc = receiptText([{ seq: SEQ, units, hourStart: after.hourStart, dayStart: after.dayStart }, ...kept]);
           expect(now).toEqual([...fields(state[i] as StoredCounter), rc, other]);
           // The counter expires after the day it was moved to; one already in that day keeps its expiry.
           const newDay = !c.stored || c.stored.dayStart < w.dayStart;
@@ -158,7 +161,7 @@ describe('CONSUME_SCRIPT', () => {
     );
     await client.eval(CONSUME_SCRIPT, 1, ...keysThenArgs);
     expect(await client.hget(key, FIELD)).toBe(
-      receiptText([{ seq: SEQ, units: 1 }, ...older.slice(0, RECEIPTS_KEPT - 1)]),
+      receiptText([{ seq: SEQ, units: 1, hourStart: H, dayStart: D }, ...older.slice(0, RECEIPTS_KEPT - 1)]),
     );
   });
 

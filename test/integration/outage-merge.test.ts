@@ -64,7 +64,7 @@ describe('OutageMerge', () => {
       hc: '4',
       ds: String(r.dayStart),
       dc: '5',
-      'rc:one': '1:1,',
+      'rc:one': `1:1:${r.hourStart}:${r.dayStart},`,
     });
   });
 

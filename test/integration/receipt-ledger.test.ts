@@ -3,7 +3,7 @@ import { CONSUME_SCRIPT, pushConsumeArgs, RECEIPTS_KEPT, type Receipt } from '..
 import { createRedisClient, type RedisClient } from '../../src/redis/connection.js';
 import { ReceiptLedger } from '../../src/redis/receipt-ledger.js';
 import { request } from '../helpers/store-contract.js';
-import { REDIS_URL, redisClient, startRedisServer, uniquePrefix } from '../helpers/redis.js';
+import { REDIS_URL, redisClient, startRedisServer, uniquePrefix, type RedisProcess } from '../helpers/redis.js';
 
 /**
  * The receipt ledger on a real Redis: units of calls whose answer never came are taken back
@@ -14,9 +14,17 @@ const client = createRedisClient({ url: REDIS_URL, commandTimeoutMs: 1000 });
 await client.connect();
 const inspect = redisClient();
 const prefix = uniquePrefix('ledger');
+/** Redis servers of single tests, stopped after the file too, should a test fail before it stops its own. */
+const servers: RedisProcess[] = [];
+const ownRedis = async (): Promise<RedisProcess> => {
+  const own = await startRedisServer();
+  servers.push(own);
+  return own;
+};
 afterAll(async () => {
   inspect.disconnect();
   await client.quit();
+  await Promise.all(servers.map((own) => own.stop()));
 });
 
 const { hourStart: H, dayStart: D } = request();
@@ -25,12 +33,26 @@ const newKey = (): string => `${prefix}${++n}`;
 /** What the ledger is told of a call it may have to undo when the connection died before the reply. */
 const connectionLost = new Error('Connection is closed.');
 
+/** A receipt as the script writes it: the call's units and the windows they went in. */
+const entry = (seq: number, units: number, hourStart = H, dayStart = D): string =>
+  `${seq}:${units}:${hourStart}:${dayStart},`;
+
 /** A receipt of another instance, whose field no ledger here touches. */
 const other = (seq: number): Receipt => ({ field: 'rc:other', seq, oldestUnsettled: seq });
 
 /** One consume call with the given receipt, as the store sends it: `keys` (repeats allowed) in windows `hourStart`, `dayStart`. */
-async function count(c: RedisClient, receipt: Receipt, keys: string[], hourStart = H, limit = 100): Promise<void> {
-  const items = keys.map((key) => ({ key, request: request({ hourStart, hourLimit: limit, dayLimit: limit }) }));
+async function count(
+  c: RedisClient,
+  receipt: Receipt,
+  keys: string[],
+  hourStart = H,
+  limit = 100,
+  dayStart = D,
+): Promise<void> {
+  const items = keys.map((key) => ({
+    key,
+    request: request({ hourStart, dayStart, hourLimit: limit, dayLimit: limit }),
+  }));
   const keysThenArgs: Array<string | number> = [...keys];
   pushConsumeArgs(keysThenArgs, items, receipt);
   await c.eval(CONSUME_SCRIPT, keys.length, ...keysThenArgs);
@@ -53,7 +75,7 @@ describe('ReceiptLedger: what it takes back', () => {
     await count(client, doubtful, [a, a, a, b, b]);
     // Another instance has since moved `a` to the next hour and counted once there.
     await count(client, other(1), [a], H + 3600);
-    const failure = ledger.failed(doubtful, { keys: [a, a, a, b, b], hourStart: H, dayStart: D }, connectionLost);
+    const failure = ledger.failed(doubtful, { keys: [a, a, a, b, b] }, connectionLost);
     expect(failure.kind).toBe('connection');
     expect(ledger.inDoubt).toBe(1);
     expect(ledger.unsettled).toBe(1);
@@ -61,9 +83,28 @@ describe('ReceiptLedger: what it takes back', () => {
     expect(ledger.inDoubt).toBe(0);
     expect(ledger.unsettled).toBe(0);
     // The new hour keeps its unit; the day gives back the call's three.
-    expect(await counter(a)).toEqual([String(H + 3600), '1', String(D), '1', '1:1,']);
+    expect(await counter(a)).toEqual([String(H + 3600), '1', String(D), '1', entry(1, 1, H + 3600)]);
     expect(await counter(a, doubtful.field)).toEqual([String(H + 3600), '1', String(D), '1', '']);
     expect(await counter(b, doubtful.field)).toEqual([String(H), '0', String(D), '0', '']);
+    ledger.close();
+  });
+
+  it('takes back the units a call counted in a later window than its own, where another instance had moved the counter (its clock ahead)', async () => {
+    const ledger = new ReceiptLedger(client);
+    const key = newKey();
+    await count(client, other(1), [key], H + 3600, 100, D + 86_400);
+    const doubtful = ledger.issue();
+    await count(client, doubtful, [key]);
+    expect((await counter(key)).slice(0, 4)).toEqual([String(H + 3600), '2', String(D + 86_400), '2']);
+    ledger.failed(doubtful, { keys: [key] }, connectionLost);
+    await ledger.reconcile();
+    expect((await counter(key, doubtful.field)).slice(0, 5)).toEqual([
+      String(H + 3600),
+      '1',
+      String(D + 86_400),
+      '1',
+      '',
+    ]);
     ledger.close();
   });
 
@@ -72,18 +113,18 @@ describe('ReceiptLedger: what it takes back', () => {
     const key = newKey();
     await count(client, other(2), [key, key]);
     const neverRan = ledger.issue();
-    ledger.failed(neverRan, { keys: [key], hourStart: H, dayStart: D }, connectionLost);
+    ledger.failed(neverRan, { keys: [key] }, connectionLost);
     await ledger.reconcile();
-    expect(await counter(key)).toEqual([String(H), '2', String(D), '2', '2:2,']);
+    expect(await counter(key)).toEqual([String(H), '2', String(D), '2', entry(2, 2)]);
 
     const ran = ledger.issue();
     await count(client, ran, [key]);
-    ledger.failed(ran, { keys: [key], hourStart: H, dayStart: D }, connectionLost);
+    ledger.failed(ran, { keys: [key] }, connectionLost);
     await ledger.reconcile();
     // The same receipt in doubt again (as if told twice): its units are gone already.
-    ledger.failed(ran, { keys: [key], hourStart: H, dayStart: D }, connectionLost);
+    ledger.failed(ran, { keys: [key] }, connectionLost);
     await ledger.reconcile();
-    expect(await counter(key)).toEqual([String(H), '2', String(D), '2', '2:2,']);
+    expect(await counter(key)).toEqual([String(H), '2', String(D), '2', entry(2, 2)]);
     expect(ledger.unsettled).toBe(0);
     ledger.close();
   });
@@ -91,7 +132,7 @@ describe('ReceiptLedger: what it takes back', () => {
   it('holds nothing in doubt when Redis refused the command (it never ran)', async () => {
     const ledger = new ReceiptLedger(client);
     const refusal = await client.call('OAPI-NO-SUCH-COMMAND').catch((err: unknown) => err);
-    const failure = ledger.failed(ledger.issue(), { keys: [newKey()], hourStart: H, dayStart: D }, refusal);
+    const failure = ledger.failed(ledger.issue(), { keys: [newKey()] }, refusal);
     expect(failure.kind).toBe('reply');
     expect(ledger.inDoubt).toBe(0);
     expect(ledger.unsettled).toBe(0);
@@ -108,7 +149,7 @@ describe('ReceiptLedger: what it takes back', () => {
       await count(client, answered, [key]);
       ledger.settled(answered);
     }
-    ledger.failed(doubtful, { keys: [key], hourStart: H, dayStart: D }, connectionLost);
+    ledger.failed(doubtful, { keys: [key] }, connectionLost);
     await ledger.reconcile();
     expect((await counter(key, doubtful.field)).slice(1, 4)).toEqual(['20', String(D), '20']);
     ledger.close();
@@ -124,7 +165,7 @@ describe('ReceiptLedger: what it takes back', () => {
       await count(client, answered, [key]);
       theirs.settled(answered);
     }
-    ours.failed(doubtful, { keys: [key], hourStart: H, dayStart: D }, connectionLost);
+    ours.failed(doubtful, { keys: [key] }, connectionLost);
     await ours.reconcile();
     expect((await counter(key, doubtful.field)).slice(1, 5)).toEqual(['20', String(D), '20', '']);
     ours.close();
@@ -142,14 +183,14 @@ describe('ReceiptLedger: what it takes back', () => {
     const third = ledger.issue();
     expect(third.oldestUnsettled).toBe(first.seq);
     await count(client, third, [key]);
-    expect((await counter(key, first.field))[4]).toBe(`${third.seq}:1,${second.seq}:1,${first.seq}:1,`);
+    expect((await counter(key, first.field))[4]).toBe(entry(third.seq, 1) + entry(second.seq, 1) + entry(first.seq, 1));
     ledger.settled(first);
     ledger.settled(third);
     expect(ledger.unsettled).toBe(0);
     const fourth = ledger.issue();
     expect(fourth.oldestUnsettled).toBe(fourth.seq);
     await count(client, fourth, [key]);
-    expect((await counter(key, first.field))[4]).toBe(`${fourth.seq}:1,`);
+    expect((await counter(key, first.field))[4]).toBe(entry(fourth.seq, 1));
     ledger.settled(fourth);
     ledger.close();
   });
@@ -160,7 +201,7 @@ describe('ReceiptLedger: what it takes back', () => {
     const doubtful = ledger.issue();
     await count(client, doubtful, [key, other]);
     await inspect.set(key, 'not a counter');
-    ledger.failed(doubtful, { keys: [key, other], hourStart: H, dayStart: D }, connectionLost);
+    ledger.failed(doubtful, { keys: [key, other] }, connectionLost);
     await ledger.reconcile();
     expect(ledger.inDoubt).toBe(0);
     expect(ledger.unsettled).toBe(0);
@@ -189,7 +230,7 @@ describe('ReceiptLedger: what it takes back', () => {
 
 describe('ReceiptLedger: when it reconciles', () => {
   it('tries an undo that failed again every half second while calls are in doubt, and no longer once closed', async () => {
-    const own = await startRedisServer();
+    const own = await ownRedis();
     const quick = createRedisClient({ url: own.url, commandTimeoutMs: 100 });
     quick.on('error', () => {});
     await quick.connect();
@@ -204,8 +245,8 @@ describe('ReceiptLedger: when it reconciles', () => {
     }
     // Both undos, sent at once, time out behind a pause.
     await direct.call('CLIENT', 'PAUSE', '250', 'ALL');
-    open.failed(open.issue(), { keys: ['k1'], hourStart: H, dayStart: D }, connectionLost);
-    closed.failed(closed.issue(), { keys: ['k2'], hourStart: H, dayStart: D }, connectionLost);
+    open.failed(open.issue(), { keys: ['k1'] }, connectionLost);
+    closed.failed(closed.issue(), { keys: ['k2'] }, connectionLost);
     closed.close();
     await until(() => open.inDoubt === 0, 1500);
     await new Promise((r) => setTimeout(r, 600));
@@ -218,7 +259,7 @@ describe('ReceiptLedger: when it reconciles', () => {
   });
 
   it('sends the undo of a call that falls in doubt at once, ahead of the calls after it, even while other undos are out (regression: it waited for the next round, and 512 answered calls pushed its receipt out)', async () => {
-    const own = await startRedisServer();
+    const own = await ownRedis();
     const quick = createRedisClient({ url: own.url, commandTimeoutMs: 100 });
     quick.on('error', () => {});
     await quick.connect();
@@ -232,7 +273,7 @@ describe('ReceiptLedger: when it reconciles', () => {
         ledger.settled(receipt);
         return true;
       } catch (err) {
-        ledger.failed(receipt, { keys: [key], hourStart: H, dayStart: D }, err);
+        ledger.failed(receipt, { keys: [key] }, err);
         return false;
       }
     };
@@ -256,7 +297,7 @@ describe('ReceiptLedger: when it reconciles', () => {
   });
 
   it('keeps a call in doubt when Redis refuses its undo for another reason than a key of another type (out of memory)', async () => {
-    const own = await startRedisServer();
+    const own = await ownRedis();
     const c = createRedisClient({ url: own.url, commandTimeoutMs: 1000 });
     await c.connect();
     const direct = redisClient(own.url);
@@ -265,7 +306,7 @@ describe('ReceiptLedger: when it reconciles', () => {
     await count(c, receipt, ['full']);
     await direct.config('SET', 'maxmemory-policy', 'noeviction');
     await direct.config('SET', 'maxmemory', '1');
-    ledger.failed(receipt, { keys: ['full'], hourStart: H, dayStart: D }, connectionLost);
+    ledger.failed(receipt, { keys: ['full'] }, connectionLost);
     await ledger.reconcile();
     expect(ledger.inDoubt).toBe(1);
     await direct.config('SET', 'maxmemory', '0');
@@ -279,7 +320,7 @@ describe('ReceiptLedger: when it reconciles', () => {
   });
 
   it('keeps calls in doubt while Redis is away, and takes their units back as soon as the connection is ready again', async () => {
-    const own = await startRedisServer();
+    const own = await ownRedis();
     const c = createRedisClient({ url: own.url, commandTimeoutMs: 1000 });
     c.on('error', () => {});
     await c.connect();
@@ -288,7 +329,7 @@ describe('ReceiptLedger: when it reconciles', () => {
     const receipt = ledger.issue();
     await count(c, receipt, [key, key]);
     c.disconnect();
-    ledger.failed(receipt, { keys: [key], hourStart: H, dayStart: D }, connectionLost);
+    ledger.failed(receipt, { keys: [key] }, connectionLost);
     await ledger.reconcile(); // not connected: nothing to do yet
     expect(ledger.inDoubt).toBe(1);
     const direct = redisClient(own.url);

@@ -32,7 +32,7 @@ describe('RedisCounterStore in Redis', () => {
     expect(stored).toMatchObject({ hs: String(r.hourStart), hc: '1', ds: String(r.dayStart), dc: '1' });
     // The receipt of the call, and the units it added, in the instance's own field.
     expect(receiptFields(stored)).toEqual([
-      [expect.stringMatching(/^rc:[A-Za-z0-9_-]+$/), expect.stringMatching(/^\d+:1,$/)],
+      [expect.stringMatching(/^rc:[A-Za-z0-9_-]+$/), expect.stringMatching(/^\d+:1:\d+:\d+,$/)],
     ]);
     expect(await inspect.pexpiretime(key)).toBe(r.expireAt);
     inspect.disconnect();
@@ -46,7 +46,7 @@ describe('RedisCounterStore in Redis', () => {
     inspect.disconnect();
     // Twelve admitted one after the other, each answered before the next: only the last one's receipt is left.
     expect(fields).toHaveLength(1);
-    expect(fields[0]?.[1]).toMatch(/^\d+:1,$/);
+    expect(fields[0]?.[1]).toMatch(/^\d+:1:\d+:\d+,$/);
   });
 
   it('takes back every unit of a call that timed out, however many requests of one key it held (regression: only the last 8 were)', async () => {
