@@ -147,6 +147,8 @@ function routesOfRows(data: unknown): RowRoutes[] {
     const { name, route, also } = (row ?? {}) as { name?: unknown; route?: unknown; also?: unknown };
     const named: Array<[unknown, Issue['path']]> = [[route, ['limits', index, 'route']]];
     if (Array.isArray(also)) also.forEach((text, i) => named.push([text, ['limits', index, 'also', i]]));
+    // One route written without its list is an error of its own, and still a route used.
+    else if (typeof also === 'string') named.push([also, ['limits', index, 'also']]);
     const routes: Array<readonly [Route, Issue['path']]> = [];
     for (const [text, path] of named) {
       const parsed = typeof text === 'string' ? parseRoute(text) : undefined;
@@ -296,11 +298,12 @@ function rowName(line: string, first: boolean, keyIndent: number): string | unde
 
 /**
  * A row name as written: quotes taken off (an unclosed one too), a trailing comment dropped. A
- * value that opens a flow collection (`[`, `{`) is no name: it is likely what broke the file.
+ * value that opens a flow collection (`[`, `{`) is no name, being likely what broke the file; nor
+ * is one that begins with a block scalar's, an anchor's, a tag's or an alias's sign.
  */
 function unquoted(value: string): string | undefined {
   const quoted = /^(["'])(.*?)\1/.exec(value);
   if (quoted) return quoted[2];
-  if (/^[[{]/.test(value)) return undefined;
+  if (/^[[{|>&!*]/.test(value)) return undefined;
   return value.replace(/^["']/, '').replace(/\s+#.*$/, '');
 }

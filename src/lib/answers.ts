@@ -1,4 +1,4 @@
-import type { ServerResponse } from 'node:http';
+import { STATUS_CODES, type ServerResponse } from 'node:http';
 import type { HeaderList } from './header-list.js';
 
 /**
@@ -61,9 +61,9 @@ export const STATUS_PHRASES: Readonly<Record<number, string>> = {
   504: 'Gateway Timeout',
 };
 
-/** The status line's reason phrase of `status`. */
+/** The status line's reason phrase of `status` (Node's for a status the gateway never writes itself). */
 export function statusPhrase(status: number): string {
-  return STATUS_PHRASES[status] ?? 'Error';
+  return STATUS_PHRASES[status] ?? STATUS_CODES[status] ?? 'Error';
 }
 
 /**

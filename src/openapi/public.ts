@@ -372,7 +372,7 @@ const RESPONSES: Record<string, Json> = {
     headers: usageHeaders(),
   },
   BadRequest: gatewayAnswer(
-    'A malformed request or path (an encoded slash, a control character, a malformed escape, …).',
+    'A malformed request or path (an encoded slash, a control character, a malformed escape, a `;`, …).',
     errorExample(400, 'Malformed request'),
   ),
   CredentialsBadRequest: gatewayAnswer(

@@ -1,8 +1,8 @@
-import { STATUS_CODES, type IncomingMessage } from 'node:http';
+import type { IncomingMessage } from 'node:http';
 import type { Duplex } from 'node:stream';
 import { RESPONSE_ALREADY_SENT } from '@hono/node-server/utils/response';
 import type { Hono } from 'hono';
-import { rawAnswer } from '../lib/answers.js';
+import { rawAnswer, statusPhrase } from '../lib/answers.js';
 import type { GatewayEnv } from './context.js';
 
 /**
@@ -44,7 +44,7 @@ export function upgradeListener(
 
 async function writeResponse(socket: Duplex, response: Response): Promise<void> {
   const body = Buffer.from(await response.arrayBuffer());
-  let head = `HTTP/1.1 ${response.status} ${STATUS_CODES[response.status] ?? ''}\r\n`;
+  let head = `HTTP/1.1 ${response.status} ${statusPhrase(response.status)}\r\n`;
   response.headers.forEach((value, name) => {
     if (name !== 'content-length' && name !== 'connection') head += `${name}: ${value}\r\n`;
   });
