@@ -27,16 +27,19 @@ export function keysApp(deps: AdminDeps): Hono {
     return c.json({ id, key: result.key, plan: result.record.plan ?? null }, 201);
   });
 
-  app.get('/', (c) =>
-    c.json({
+  app.get('/', async (c) => {
+    // Until the issued keys were read once, a listing would leave every one of them out.
+    if (!registry.loaded) await registry.refresh().catch(() => undefined);
+    if (!registry.loaded) return refusal(c, 503, 'Key store unavailable');
+    return c.json({
       keys: registry.list().map((k) => ({
         id: k.id,
         plan: k.plan ?? null,
         source: k.source === 'file' ? 'key-file' : 'admin-api',
         ...(k.createdAt ? { createdAt: k.createdAt } : {}),
       })),
-    }),
-  );
+    });
+  });
 
   // Usage by id: support knows a client's key id, never the key itself (it is shown once).
   app.use('/:id/usage', withTable(tables), async (c, next) => {

@@ -95,3 +95,19 @@ export function rawAnswer(status: number, message: string, headers: HeaderList =
   for (const [name, value] of headers) head += `${name}: ${value}\r\n`;
   return head + '\r\n' + body;
 }
+
+/** The answer to a request Node's HTTP parser failed on (by its error code), on either listener. */
+export function clientErrorAnswer(code: string | undefined): [number, Reason, string] {
+  switch (code) {
+    case 'HPE_HEADER_OVERFLOW':
+      return [431, 'header-size', 'Request headers are too large'];
+    case 'ERR_HTTP_REQUEST_TIMEOUT':
+      return [408, 'client-timeout', 'Request took too long to arrive'];
+    case 'HPE_CHUNK_EXTENSIONS_OVERFLOW':
+      return [413, 'body-size', 'Chunk extensions are too large'];
+    case 'HPE_UNEXPECTED_CONTENT_LENGTH':
+      return [400, 'bad-request', 'Content-Length and Transfer-Encoding together are not accepted'];
+    default:
+      return [400, 'bad-request', 'Malformed HTTP request'];
+  }
+}

@@ -6,7 +6,7 @@ import type { Hono } from 'hono';
 import type { Settings } from '../config/settings.js';
 import { accessLogWriter, type Logger } from '../observability/logger.js';
 import { UNMATCHED, type GatewayMetrics } from '../observability/metrics.js';
-import { errorBody, rawAnswer, writeAnswer, type Reason } from '../lib/answers.js';
+import { clientErrorAnswer, errorBody, rawAnswer, writeAnswer, type Reason } from '../lib/answers.js';
 import type { GatewayEnv } from './context.js';
 import { requestIdSource } from './middleware/request-id.js';
 import { ConnectionOrder, type Exchange } from './connection-order.js';
@@ -268,19 +268,4 @@ function answerAndLinger(socket: Duplex, status: number, message: string, reques
   socket.end(rawAnswer(status, message, [['X-Request-Id', requestId]]));
   socket.resume();
   setTimeout(() => socket.destroy(), LINGER_MS).unref();
-}
-
-function clientErrorAnswer(code: string | undefined): [number, Reason, string] {
-  switch (code) {
-    case 'HPE_HEADER_OVERFLOW':
-      return [431, 'header-size', 'Request headers are too large'];
-    case 'ERR_HTTP_REQUEST_TIMEOUT':
-      return [408, 'client-timeout', 'Request took too long to arrive'];
-    case 'HPE_CHUNK_EXTENSIONS_OVERFLOW':
-      return [413, 'body-size', 'Chunk extensions are too large'];
-    case 'HPE_UNEXPECTED_CONTENT_LENGTH':
-      return [400, 'bad-request', 'Content-Length and Transfer-Encoding together are not accepted'];
-    default:
-      return [400, 'bad-request', 'Malformed HTTP request'];
-  }
 }

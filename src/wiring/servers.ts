@@ -1,8 +1,10 @@
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
+import type { Duplex } from 'node:stream';
 import { getRequestListener } from '@hono/node-server';
 import type { Hono } from 'hono';
 import type { Settings } from '../config/settings.js';
+import { clientErrorAnswer, rawAnswer } from '../lib/answers.js';
 import type { Logger } from '../observability/logger.js';
 import type { GatewayMetrics } from '../observability/metrics.js';
 import type { Forwarder } from '../proxy/forwarder.js';
@@ -27,6 +29,15 @@ export interface Listening {
 
 export async function startAdminServer(app: Hono, settings: Settings, closers: Closers): Promise<Listening> {
   const server = http.createServer(getRequestListener(app.fetch));
+  // Malformed requests get the two-field answer of the public listener, not Node's empty one.
+  server.on('clientError', function answerClientError(err: NodeJS.ErrnoException, socket: Duplex) {
+    if (err.code === 'ECONNRESET' || !socket.writable) {
+      socket.destroy();
+      return;
+    }
+    const [status, , message] = clientErrorAnswer(err.code);
+    socket.end(rawAnswer(status, message));
+  });
   await listen(server, settings.adminPort, settings.adminHost, 'ADMIN_PORT');
   closers.add('admin listener', async () => {
     await new Promise<void>((resolve) => server.close(() => resolve()));

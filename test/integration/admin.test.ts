@@ -1,6 +1,6 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ADMIN_TOKEN, authHeader, startTestGateway, type TestGateway } from '../helpers/gateway.js';
-import { expectTwoFields, send } from '../helpers/http.js';
+import { expectTwoFields, rawExchange, send } from '../helpers/http.js';
 import { startRedisServer } from '../helpers/redis.js';
 
 /** The admin listener (docs/operations.md "The admin listener"), over real sockets. */
@@ -106,6 +106,24 @@ describe('/admin/* authentication', () => {
     } finally {
       await special.stop();
     }
+  });
+});
+
+describe('malformed requests to the admin listener', () => {
+  it("get the two-field answers of the public listener, not an empty one (regression: Node's bare 400 and 431)", async () => {
+    const port = Number(new URL(gw.adminUrl).port);
+    const garbage = await rawExchange(port, 'THIS IS NOT HTTP\r\n\r\n');
+    expect(garbage).toMatch(/^HTTP\/1\.1 400 Bad Request\r\n/);
+    expect(JSON.parse(garbage.slice(garbage.indexOf('\r\n\r\n') + 4))).toEqual({
+      error: 'Bad Request',
+      message: 'Malformed HTTP request',
+    });
+    const huge = await rawExchange(port, `GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ${'a'.repeat(20_000)}\r\n\r\n`);
+    expect(huge).toMatch(/^HTTP\/1\.1 431 Request Header Fields Too Large\r\n/);
+    expect(JSON.parse(huge.slice(huge.indexOf('\r\n\r\n') + 4))).toEqual({
+      error: 'Request Header Fields Too Large',
+      message: 'Request headers are too large',
+    });
   });
 });
 

@@ -506,6 +506,10 @@ describe('a gateway started while Redis is down (API_KEY_MODE=registered)', () =
         status: 'unavailable',
         reason: 'the issued API keys could not be read yet: Redis unreachable',
       });
+      // Nor does it list the keys as if none had been issued (regression: 200 {"keys":[]}).
+      const listing = await send(gw.adminUrl, { path: '/admin/keys', headers: authHeader() });
+      expect(listing.status).toBe(503);
+      expect(expectTwoFields(listing)).toEqual({ error: 'Service Unavailable', message: 'Key store unavailable' });
       // Far more attempts than the guard allows: none is a guess.
       for (const apiKey of [key, key, key, key, 'made-up-key', 'made-up-key']) {
         const reply = await call(gw, apiKey);
