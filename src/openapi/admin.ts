@@ -200,7 +200,10 @@ function keysPaths(): Record<string, Json> {
       get: operation(
         'listKeys',
         'Issued keys (never a key or a hash)',
-        bearer({ '200': json('Every key of the key file and of the admin API.', 'KeyList') }),
+        bearer({
+          '200': json('Every key of the key file and of the admin API.', 'KeyList'),
+          '503': ref('responses', 'StoreUnavailable'),
+        }),
       ),
       post: operation(
         'issueKey',
