@@ -10,10 +10,10 @@ import { toStoreError } from './errors.js';
  * reply) may or may not have counted; the caller counts its requests elsewhere (insurance) or
  * refuses them (503), so units it left in Redis would be counted twice. Every call therefore
  * carries a receipt from this ledger, which the consume script (limits/count-rules.ts) records
- * as `seq:units` in the instance's own field of each counter it added to; the ledger takes back
- * the units of every receipt it never heard about — at once after a timeout, otherwise as soon
- * as Redis answers again, and always on the same connection, so after the doubtful call if that
- * ever runs.
+ * as `seq:units:hourStart:dayStart` in the instance's own field of each counter it added to (the
+ * windows the units went in); the ledger takes back the units of every receipt it never heard
+ * about — at once after a timeout, otherwise as soon as Redis answers again, and always on the
+ * same connection, so after the doubtful call if that ever runs.
  *
  * A call is unsettled from the moment it is sent until it is answered, or, in doubt, until its
  * units were taken back; each call tells the script the oldest unsettled one, and the script
