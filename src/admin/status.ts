@@ -18,13 +18,11 @@ export function statusApp(deps: AdminDeps): Hono {
   app.get('/readyz', async (c) => {
     if (deps.shuttingDown()) return c.json({ status: 'unavailable', reason: 'shutting down' }, 503);
     if (!deps.tables.current()) return c.json({ status: 'unavailable', reason: 'no valid limit table is loaded' }, 503);
-    if (!(await deps.keysReady())) {
-      return c.json(
-        { status: 'unavailable', reason: 'the issued API keys could not be read yet: Redis unreachable' },
-        503,
-      );
-    }
-    const problem = await deps.storeProblem();
+    // Issued keys never read are Redis being away too: the keys of the key file are still served,
+    // and the issued ones answered 503 with Retry-After (README "API keys and plans").
+    const problem = (await deps.keysReady())
+      ? await deps.storeProblem()
+      : 'the issued API keys could not be read yet: Redis unreachable';
     if (!problem) return c.json({ status: 'ok' });
     if (deps.limiter.failureMode === 'closed') return c.json({ status: 'unavailable', reason: problem }, 503);
     // Still serving (insurance or open): taking every instance out of rotation would turn a Redis blip into an outage.
