@@ -8,19 +8,36 @@ import type { ConsumeRequest, MergeEntry, Usage, WindowIds } from './store.js';
  * "Redis" say why they are so.
  */
 
-/** A counter as a backend keeps it: the start and count of its hour and of its day window. */
+/** A counter as a backend keeps it: the start and count of its hour and of its day window, and their timezone. */
 export interface StoredCounter {
   hourStart: number;
   hour: number;
   dayStart: number;
   day: number;
+  zone?: string | undefined;
+}
+
+/** Nominal window lengths, seconds: how long a window of another timezone is taken to last. */
+const HOUR_SECONDS = 3600;
+const DAY_SECONDS = 86_400;
+
+/** The counter's windows are of another timezone than the request's (the table's zone changed). */
+function otherZone(stored: StoredCounter, zone: string | undefined): boolean {
+  return stored.zone !== undefined && zone !== undefined && stored.zone !== zone;
 }
 
 /** What a counter holds in the windows `ids` name: the count of each of its windows that is not over. */
 export function usageIn(stored: StoredCounter | undefined, ids: WindowIds): Usage {
+  if (!stored) return { hour: 0, day: 0 };
+  if (otherZone(stored, ids.zone)) {
+    return {
+      hour: stored.hourStart + HOUR_SECONDS > ids.hourStart ? stored.hour : 0,
+      day: stored.dayStart + DAY_SECONDS > ids.dayStart ? stored.day : 0,
+    };
+  }
   return {
-    hour: stored && stored.hourStart >= ids.hourStart ? stored.hour : 0,
-    day: stored && stored.dayStart >= ids.dayStart ? stored.day : 0,
+    hour: stored.hourStart >= ids.hourStart ? stored.hour : 0,
+    day: stored.dayStart >= ids.dayStart ? stored.day : 0,
   };
 }
 
@@ -28,17 +45,24 @@ export function usageIn(stored: StoredCounter | undefined, ids: WindowIds): Usag
  * One request: allowed when both windows have room, then one unit is added to each; a refused
  * request changes nothing. Windows only move forward: when another instance, whose clock is
  * slightly ahead, has already started the next window, this step counts in that window rather
- * than resetting it.
+ * than resetting it. A counter whose windows are of another timezone (the table's changed) keeps
+ * the count of each window that still overlaps the request's, taken as lasting an hour and a day,
+ * and takes the request's bounds and zone: a change of zone starts no window afresh, and the next
+ * window of the new zone does.
  */
 export function countStep(
   stored: StoredCounter | undefined,
   request: ConsumeRequest,
-): { allowed: boolean; hourStart: number; hour: number; dayStart: number; day: number } {
+): { allowed: boolean; hourStart: number; hour: number; dayStart: number; day: number; zone: string | undefined } {
   let hourStart = request.hourStart;
   let dayStart = request.dayStart;
   let hour = 0;
   let day = 0;
-  if (stored) {
+  const zone = request.zone ?? stored?.zone;
+  if (stored && otherZone(stored, request.zone)) {
+    if (stored.hourStart + HOUR_SECONDS > hourStart) hour = stored.hour;
+    if (stored.dayStart + DAY_SECONDS > dayStart) day = stored.day;
+  } else if (stored) {
     if (stored.hourStart >= hourStart) {
       hourStart = stored.hourStart;
       hour = stored.hour;
@@ -49,9 +73,9 @@ export function countStep(
     }
   }
   if (!request.force && (hour >= request.hourLimit || day >= request.dayLimit)) {
-    return { allowed: false, hourStart, hour, dayStart, day };
+    return { allowed: false, hourStart, hour, dayStart, day, zone };
   }
-  return { allowed: true, hourStart, hour: hour + 1, dayStart, day: day + 1 };
+  return { allowed: true, hourStart, hour: hour + 1, dayStart, day: day + 1, zone };
 }
 
 /**
@@ -95,6 +119,7 @@ local limits = ARGV[4]
 local field = ARGV[5]
 local seq = ARGV[6]
 local oldest = tonumber(ARGV[7])
+local zone = ARGV[8]
 local at = 1
 local counters = {}
 local order = {}
@@ -106,19 +131,31 @@ for i = 1, #KEYS do
   at = nextAt
   local c = counters[key]
   if not c then
-    local v = redis.call('HMGET', key, 'hs', 'hc', 'ds', 'dc', field)
-    c = { hs = tonumber(v[1]), hc = tonumber(v[2]) or 0, ds = tonumber(v[3]), dc = tonumber(v[4]) or 0, rc = v[5] or '', added = 0 }
+    local v = redis.call('HMGET', key, 'hs', 'hc', 'ds', 'dc', field, 'tz')
+    c = { hs = tonumber(v[1]), hc = tonumber(v[2]) or 0, ds = tonumber(v[3]), dc = tonumber(v[4]) or 0, rc = v[5] or '', tz = v[6] or nil, added = 0 }
+    c.storedTz = c.tz
     counters[key] = c
     order[#order + 1] = key
   end
   local hc, dc = c.hc, c.dc
-  if not c.hs or c.hs < hs then hc = 0 end
-  if not c.ds or c.ds < ds then dc = 0 end
+  local moved = zone ~= '' and c.tz and c.tz ~= zone
+  if moved then
+    if not c.hs or c.hs + ${HOUR_SECONDS} <= hs then hc = 0 end
+    if not c.ds or c.ds + ${DAY_SECONDS} <= ds then dc = 0 end
+  else
+    if not c.hs or c.hs < hs then hc = 0 end
+    if not c.ds or c.ds < ds then dc = 0 end
+  end
   if force ~= '1' and (hc >= tonumber(hourLimit) or dc >= tonumber(dayLimit)) then
     out[#out + 1] = 0
   else
-    if not c.hs or c.hs < hs then c.hs = hs end
-    if not c.ds or c.ds < ds then c.ds = ds; c.newDay = true end
+    if moved then
+      c.hs, c.ds, c.newDay = hs, ds, true
+    else
+      if not c.hs or c.hs < hs then c.hs = hs end
+      if not c.ds or c.ds < ds then c.ds = ds; c.newDay = true end
+    end
+    if zone ~= '' then c.tz = zone end
     hc = hc + 1
     dc = dc + 1
     c.hc, c.dc = hc, dc
@@ -140,7 +177,12 @@ for _, key in ipairs(order) do
       keep = string.find(c.rc, ',', colon, true)
     end
     local rc = seq .. ':' .. c.added .. ':' .. c.hs .. ':' .. c.ds .. ',' .. string.sub(c.rc, 1, keep)
-    redis.call('HSET', key, 'hs', c.hs, 'hc', c.hc, 'ds', c.ds, 'dc', c.dc, field, rc)
+    -- One write; the zone only when it changed (a new table's zone, or a counter's first).
+    if c.tz ~= c.storedTz then
+      redis.call('HSET', key, 'hs', c.hs, 'hc', c.hc, 'ds', c.ds, 'dc', c.dc, field, rc, 'tz', c.tz)
+    else
+      redis.call('HSET', key, 'hs', c.hs, 'hc', c.hc, 'ds', c.ds, 'dc', c.dc, field, rc)
+    end
     if c.newDay then redis.call('PEXPIREAT', key, expireAt) end
   end
 end
@@ -158,10 +200,10 @@ export function pushConsumeArgs(
   items: ReadonlyArray<{ readonly request: ConsumeRequest }>,
   receipt: Receipt,
 ): void {
-  const { hourStart, dayStart, expireAt } = (items[0] as { readonly request: ConsumeRequest }).request;
+  const { hourStart, dayStart, expireAt, zone } = (items[0] as { readonly request: ConsumeRequest }).request;
   let limits = '';
   for (const { request: r } of items) limits += r.hourLimit + ',' + r.dayLimit + (r.force ? ',1,' : ',0,');
-  out.push(hourStart, dayStart, expireAt, limits, receipt.field, receipt.seq, receipt.oldestUnsettled);
+  out.push(hourStart, dayStart, expireAt, limits, receipt.field, receipt.seq, receipt.oldestUnsettled, zone ?? '');
 }
 
 /**
@@ -172,17 +214,36 @@ export function pushConsumeArgs(
  */
 export function mergeStep(stored: StoredCounter | undefined, entry: MergeEntry): StoredCounter {
   let { hourStart, hour, dayStart, day } = entry;
-  if (stored) {
+  let zone = entry.zone ?? stored?.zone;
+  if (stored && otherZone(stored, entry.zone)) {
+    // Windows of two zones: those that overlap are one, in the counter's bounds; the zone is the day's.
+    [hourStart, hour] = acrossZones(stored.hourStart, stored.hour, hourStart, hour, HOUR_SECONDS);
+    [dayStart, day] = acrossZones(stored.dayStart, stored.day, dayStart, day, DAY_SECONDS);
+    if (dayStart === stored.dayStart) zone = stored.zone;
+  } else if (stored) {
     if (stored.hourStart > hourStart) ({ hourStart, hour } = stored);
     else if (stored.hourStart === hourStart) hour += stored.hour;
     if (stored.dayStart > dayStart) ({ dayStart, day } = stored);
     else if (stored.dayStart === dayStart) day += stored.day;
   }
-  return { hourStart, hour, dayStart, day };
+  return { hourStart, hour, dayStart, day, zone };
 }
 
-/** Arguments per merged counter: hourStart, hour, dayStart, day, expireAt (see mergeArgs). */
-const ARGS_PER_MERGE = 5;
+/** A window of the counter and one of an entry in another zone: added up when they overlap, else the later one. */
+function acrossZones(
+  storedStart: number,
+  storedUnits: number,
+  start: number,
+  units: number,
+  length: number,
+): [number, number] {
+  if (storedStart + length <= start) return [start, units];
+  if (start + length <= storedStart) return [storedStart, storedUnits];
+  return [storedStart, storedUnits + units];
+}
+
+/** Arguments per merged counter: hourStart, hour, dayStart, day, expireAt, zone (see mergeArgs). */
+const ARGS_PER_MERGE = 6;
 
 /**
  * mergeStep in Lua, for distinct counters. KEYS: the counters; ARGV: mergeArgs of each. A
@@ -192,20 +253,37 @@ const ARGS_PER_MERGE = 5;
 export const MERGE_SCRIPT = `
 for i = 1, #KEYS do
   local a = (i - 1) * ${ARGS_PER_MERGE}
-  local v = redis.call('HMGET', KEYS[i], 'hs', 'hc', 'ds', 'dc')
+  local v = redis.call('HMGET', KEYS[i], 'hs', 'hc', 'ds', 'dc', 'tz')
   local hs, hc = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local ds, dc = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
-  local shs, sds = tonumber(v[1]), tonumber(v[3])
-  if shs and shs > hs then hs, hc = shs, tonumber(v[2]) or 0 elseif shs == hs then hc = hc + (tonumber(v[2]) or 0) end
+  local zone = ARGV[a + 6]
+  local shs, sds, stz = tonumber(v[1]), tonumber(v[3]), v[5] or nil
   local newDay = not sds or sds < ds
-  if sds and sds > ds then ds, dc = sds, tonumber(v[4]) or 0 elseif sds == ds then dc = dc + (tonumber(v[4]) or 0) end
-  redis.call('HSET', KEYS[i], 'hs', hs, 'hc', hc, 'ds', ds, 'dc', dc)
+  if shs and zone ~= '' and stz and stz ~= zone then
+    -- Windows of two zones: those that overlap are one, in the counter's bounds; the zone is the day's.
+    newDay = false
+    if shs + ${HOUR_SECONDS} <= hs then
+    elseif hs + ${HOUR_SECONDS} <= shs then hs, hc = shs, tonumber(v[2]) or 0
+    else hs, hc = shs, hc + (tonumber(v[2]) or 0) end
+    if sds + ${DAY_SECONDS} <= ds then newDay = true
+    elseif ds + ${DAY_SECONDS} <= sds then ds, dc, zone = sds, tonumber(v[4]) or 0, stz
+    else ds, dc, zone = sds, dc + (tonumber(v[4]) or 0), stz end
+  else
+    if shs and shs > hs then hs, hc = shs, tonumber(v[2]) or 0 elseif shs == hs then hc = hc + (tonumber(v[2]) or 0) end
+    if sds and sds > ds then ds, dc = sds, tonumber(v[4]) or 0 elseif sds == ds then dc = dc + (tonumber(v[4]) or 0) end
+    if zone == '' then zone = stz end
+  end
+  if zone and zone ~= stz then
+    redis.call('HSET', KEYS[i], 'hs', hs, 'hc', hc, 'ds', ds, 'dc', dc, 'tz', zone)
+  else
+    redis.call('HSET', KEYS[i], 'hs', hs, 'hc', hc, 'ds', ds, 'dc', dc)
+  end
   if newDay then redis.call('PEXPIREAT', KEYS[i], ARGV[a + 5]) end
 end
 return #KEYS
 `;
 
 /** The ARGV of one entry in a MERGE_SCRIPT call. */
-export function mergeArgs(e: MergeEntry): number[] {
-  return [e.hourStart, e.hour, e.dayStart, e.day, e.expireAt];
+export function mergeArgs(e: MergeEntry): Array<number | string> {
+  return [e.hourStart, e.hour, e.dayStart, e.day, e.expireAt, e.zone ?? ''];
 }

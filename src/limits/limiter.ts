@@ -166,6 +166,7 @@ export class Limiter {
       counterId: row.counterId,
       hourStart: windows.hourStart / 1000,
       dayStart: windows.dayStart / 1000,
+      zone: request.calendar.timezone,
       hourLimit: limits.perHour,
       dayLimit: limits.perDay,
       expireAt: windows.dayEnd + EXPIRY_SLACK_MS,
@@ -236,6 +237,7 @@ export class Limiter {
       counterId: row.counterId,
       hourStart: windows.hourStart / 1000,
       dayStart: windows.dayStart / 1000,
+      zone: calendar.timezone,
     }));
     return this.#store.usage(keyHash, ids);
   }

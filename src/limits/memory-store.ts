@@ -1,6 +1,6 @@
 import type { LRUCache } from 'lru-cache';
 import { boundedCache } from '../lib/bounded-cache.js';
-import { countStep, mergeStep, usageIn } from './count-rules.js';
+import { countStep, mergeStep, usageIn, type StoredCounter } from './count-rules.js';
 import {
   type ConsumeRequest,
   type CounterStore,
@@ -17,12 +17,7 @@ import {
  * forgotten, which can only ever admit more, never refuse wrongly.
  */
 
-interface Entry {
-  hourStart: number;
-  hour: number;
-  dayStart: number;
-  day: number;
-}
+type Entry = StoredCounter;
 
 export const DEFAULT_MAX_COUNTERS = 200_000;
 
@@ -46,7 +41,7 @@ export class MemoryCounterStore implements CounterStore {
       const ttl = Math.max(1, request.expireAt - this.#now());
       this.#entries.set(
         key,
-        { hourStart: next.hourStart, hour: next.hour, dayStart: next.dayStart, day: next.day },
+        { hourStart: next.hourStart, hour: next.hour, dayStart: next.dayStart, day: next.day, zone: next.zone },
         { ttl },
       );
     }

@@ -20,6 +20,12 @@ export interface WindowIds {
   readonly hourStart: number;
   /** Start of the day window, epoch seconds. */
   readonly dayStart: number;
+  /**
+   * The table's timezone the windows are of (the gateway always gives it). A counter written
+   * under another one had other bounds, and keeps its count while its windows overlap these
+   * (count-rules.ts, README "The limit table").
+   */
+  readonly zone?: string | undefined;
 }
 
 export interface ConsumeRequest extends CounterKey, WindowIds {

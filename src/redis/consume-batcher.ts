@@ -202,5 +202,5 @@ export class ConsumeBatcher {
 }
 
 function sameWindows(a: ConsumeRequest, b: ConsumeRequest): boolean {
-  return a.hourStart === b.hourStart && a.dayStart === b.dayStart && a.expireAt === b.expireAt;
+  return a.hourStart === b.hourStart && a.dayStart === b.dayStart && a.expireAt === b.expireAt && a.zone === b.zone;
 }

@@ -55,14 +55,16 @@ export class RedisCounterStore implements CounterStore {
     await this.reconcile();
     try {
       const pipeline = this.#client.pipeline();
-      for (const row of rows) pipeline.hmget(this.counterKey(keyHash, row.counterId), 'hs', 'hc', 'ds', 'dc');
+      for (const row of rows) pipeline.hmget(this.counterKey(keyHash, row.counterId), 'hs', 'hc', 'ds', 'dc', 'tz');
       const replies = (await pipeline.exec()) ?? [];
       return rows.map((row, i) => {
         const [err, value] = replies[i] ?? [new Error('missing reply'), null];
         if (err) throw err;
-        const [hs, hc, ds, dc] = (value as Array<string | null>).map((x) => (x === null ? NaN : Number(x)));
-        // A counter is written whole, all four fields at once (count-rules.ts).
-        const stored = Number.isNaN(hs) ? undefined : { hourStart: hs, hour: hc, dayStart: ds, day: dc };
+        const fields = value as Array<string | null>;
+        const [hs, hc, ds, dc] = fields.slice(0, 4).map((x) => (x === null ? NaN : Number(x)));
+        const zone = fields[4] ?? undefined;
+        // A counter is written whole, its four numbers at once (count-rules.ts).
+        const stored = Number.isNaN(hs) ? undefined : { hourStart: hs, hour: hc, dayStart: ds, day: dc, zone };
         return usageIn(stored as StoredCounter | undefined, row);
       });
     } catch (err) {

@@ -14,7 +14,7 @@ import { toStoreError } from './errors.js';
 export const MERGE_CHUNK = 200;
 
 interface MergeCommands {
-  oapiMerge(key: string, ...args: number[]): Promise<number>;
+  oapiMerge(key: string, ...args: Array<number | string>): Promise<number>;
   oapiMergeMany(numberOfKeys: number, ...keysThenArgs: Array<string | number>): Promise<number>;
 }
 

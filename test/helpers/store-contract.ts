@@ -72,6 +72,28 @@ export function describeCounterStore(name: string, makeStore: () => CounterStore
       });
     });
 
+    it("goes on counting when the table's timezone changes, either way, and starts the new zone's next window afresh (regression: a new timezone gave every key a fresh day)", async () => {
+      const limited = (windows: Partial<ConsumeRequest>) => req({ ...windows, hourLimit: 100, dayLimit: 5 });
+      const utc = { hourStart: H, dayStart: D, zone: 'UTC' };
+      for (let i = 0; i < 3; i++) await store.consume(limited(utc));
+      // A zone 7 hours east: its day began 7 hours before UTC's, and has not ended.
+      const east = { hourStart: H, dayStart: D - 7 * 3600, zone: 'Asia/Ho_Chi_Minh' };
+      expect(await store.consume(limited(east))).toEqual({ allowed: true, hour: 4, day: 4 });
+      expect(await store.usage(keyHash, [{ counterId: 'row', ...east }])).toEqual([{ hour: 4, day: 4 }]);
+      // And back: UTC's day began 7 hours after that one, which has not ended either.
+      expect(await store.consume(limited(utc))).toEqual({ allowed: true, hour: 5, day: 5 });
+      expect(await store.consume(limited(utc))).toEqual({ allowed: false, hour: 5, day: 5 });
+      // Units counted elsewhere in the east zone's bounds are this day's too.
+      const entry = { keyHash, counterId: 'row', ...east, hour: 1, day: 1, expireAt: (D + 3 * 86_400) * 1000 };
+      await store.merge([entry]);
+      expect(await store.usage(keyHash, [{ counterId: 'row', ...utc }])).toEqual([{ hour: 6, day: 6 }]);
+      // The next UTC day is a new one, as is a day of another zone that began more than a day later.
+      const nextDay = { hourStart: H + 86_400, dayStart: D + 86_400, zone: 'UTC' };
+      expect(await store.consume(limited(nextDay))).toEqual({ allowed: true, hour: 1, day: 1 });
+      const later = { hourStart: H + 3 * 86_400, dayStart: D + 3 * 86_400 - 7 * 3600, zone: 'Asia/Ho_Chi_Minh' };
+      expect(await store.consume(limited(later))).toEqual({ allowed: true, hour: 1, day: 1 });
+    });
+
     it('never moves a window back: an instance whose clock lags counts in the newer window', async () => {
       await store.consume(req({ hourStart: H + 3600 }));
       expect(await store.consume(req({ hourStart: H }))).toEqual({ allowed: true, hour: 2, day: 2 });

@@ -35,9 +35,12 @@ let run = 0;
  */
 const hourStarts = fc.constantFrom(-7200, -3600, -1800, 0, 1800, 3600, 7200).map((o) => H + o);
 const dayStarts = fc.constantFrom(-86_400, -82_800, -82_799, -25_200, 0, 25_200, 82_800, 86_400).map((o) => D + o);
-const stored = fc.option(fc.record({ hourStart: hourStarts, hour: fc.nat(6), dayStart: dayStarts, day: fc.nat(8) }), {
-  nil: undefined,
-});
+/** The table's timezone a counter's windows or a call's are of: the same, another, or none given. */
+const zones = fc.constantFrom<string | undefined>(undefined, 'Zone/A', 'Zone/B');
+const stored = fc.option(
+  fc.record({ hourStart: hourStarts, hour: fc.nat(6), dayStart: dayStarts, day: fc.nat(8), zone: zones }),
+  { nil: undefined },
+);
 /** This instance's field, and another instance's (the script must never touch it). */
 const FIELD = 'rc:this';
 const OTHER_FIELD = 'rc:other';
@@ -55,11 +58,13 @@ const receipts = fc
 type Receipts = ReadonlyArray<{ seq: number; units: number; hourStart?: number; dayStart?: number }>;
 const receiptText = (rc: Receipts): string =>
   rc.map((r) => `${r.seq}:${r.units}:${r.hourStart ?? 0}:${r.dayStart ?? 0},`).join('');
-const windows = fc.record({ hourStart: hourStarts, dayStart: dayStarts });
+const windows = fc.record({ hourStart: hourStarts, dayStart: dayStarts, zone: zones });
+const otherZone = (a: string | undefined, b: string | undefined): boolean =>
+  a !== undefined && b !== undefined && a !== b;
 
 async function setCounter(key: string, counter: StoredCounter | undefined, rc: Receipts): Promise<void> {
   if (!counter) return;
-  const { hourStart, hour, dayStart, day } = counter;
+  const { hourStart, hour, dayStart, day, zone } = counter;
   await client.hset(key, {
     hs: hourStart,
     hc: hour,
@@ -67,6 +72,7 @@ async function setCounter(key: string, counter: StoredCounter | undefined, rc: R
     dc: day,
     [FIELD]: receiptText(rc),
     [OTHER_FIELD]: '7:1,3:2,',
+    ...(zone === undefined ? {} : { tz: zone }),
   });
 }
 
@@ -103,7 +109,8 @@ describe('CONSUME_SCRIPT', () => {
         for (const { index, request } of items) {
           const next = countStep(state[index], request);
           if (next.allowed) {
-            state[index] = { hourStart: next.hourStart, hour: next.hour, dayStart: next.dayStart, day: next.day };
+            const { hourStart, hour, dayStart, day, zone } = next;
+            state[index] = { hourStart, hour, dayStart, day, zone };
             added[index] = (added[index] as number) + 1;
           }
           expected.push(next.allowed ? 1 : 0, next.hour, next.day);
@@ -112,13 +119,15 @@ describe('CONSUME_SCRIPT', () => {
 
         for (const [i, c] of counters.entries()) {
           const key = keys[i] as string;
-          const now = await client.hmget(key, 'hs', 'hc', 'ds', 'dc', FIELD, OTHER_FIELD);
+          const now = await client.hmget(key, 'hs', 'hc', 'ds', 'dc', FIELD, OTHER_FIELD, 'tz');
           const units = added[i] as number;
           const other = c.stored ? '7:1,3:2,' : null;
           if (units === 0) {
             // A counter of refusals only is not written at all.
             expect(now).toEqual(
-              c.stored ? [...fields(c.stored), receiptText(c.rc), other] : [null, null, null, null, null, null],
+              c.stored
+                ? [...fields(c.stored), receiptText(c.rc), other, c.stored.zone ?? null]
+                : [null, null, null, null, null, null, null],
             );
             continue;
           }
@@ -126,9 +135,9 @@ describe('CONSUME_SCRIPT', () => {
           const kept = (c.stored ? c.rc : []).filter((r) => r.seq >= oldestUnsettled);
           const after = state[i] as StoredCounter;
           const rc = receiptText([{ seq: SEQ, units, hourStart: after.hourStart, dayStart: after.dayStart }, ...kept]);
-          expect(now).toEqual([...fields(state[i] as StoredCounter), rc, other]);
-          // The counter expires after the day it was moved to; one already in that day keeps its expiry.
-          const newDay = !c.stored || c.stored.dayStart < w.dayStart;
+          expect(now).toEqual([...fields(after), rc, other, after.zone ?? null]);
+          // The counter expires after the day it was moved to (or a new zone's); one already in that day keeps its expiry.
+          const newDay = !c.stored || otherZone(c.stored.zone, w.zone) || c.stored.dayStart < w.dayStart;
           expect(await client.pexpiretime(key)).toBe(newDay ? EXPIRE_AT : -1);
         }
       }),
@@ -222,11 +231,18 @@ describe('MERGE_SCRIPT', () => {
           const key = keys[i] as string;
           const e = entries[i] as MergeEntry;
           const rc = c.stored ? receiptText(c.rc) : null;
-          expect(await client.hmget(key, 'hs', 'hc', 'ds', 'dc', FIELD)).toEqual([
-            ...fields(mergeStep(c.stored, e)),
+          const merged = mergeStep(c.stored, e);
+          expect(await client.hmget(key, 'hs', 'hc', 'ds', 'dc', FIELD, 'tz')).toEqual([
+            ...fields(merged),
             rc,
+            merged.zone ?? null,
           ]);
-          const newDay = !c.stored || c.stored.dayStart < e.dayStart;
+          // Across zones only a day of the counter's that is over gives way to the entry's, and its expiry.
+          const newDay = !c.stored
+            ? true
+            : otherZone(c.stored.zone, e.zone)
+              ? c.stored.dayStart + 86_400 <= e.dayStart
+              : c.stored.dayStart < e.dayStart;
           expect(await client.pexpiretime(key)).toBe(newDay ? EXPIRE_AT : -1);
         }
       }),

@@ -1,4 +1,4 @@
-import { mkdirSync, renameSync, symlinkSync, writeFileSync } from 'node:fs';
+import { mkdirSync, readFileSync, renameSync, symlinkSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
 import { join } from 'node:path';
 import { runCli } from '../helpers/cli.js';
@@ -8,8 +8,8 @@ import { send } from '../helpers/http.js';
 
 /** Live changes of limits.yaml (docs/operations.md "Changing limits while it serves"): a good table takes over, a bad one changes nothing. */
 
-const table = (perHour: number, perDay: number, name = 'Order List'): string => `
-timezone: UTC
+const table = (perHour: number, perDay: number, name = 'Order List', timezone = 'UTC'): string => `
+timezone: ${timezone}
 limits:
   - { name: ${name}, route: "GET /orders", per_hour: ${perHour}, per_day: ${perDay} }
   - { name: Order Status, route: "GET /orders/{id}", per_hour: 1000, per_day: 1000 }
@@ -61,6 +61,29 @@ describe('POST /admin/limits/reload', () => {
     expect(next.headers['x-ratelimit-limit-hour']).toBe('8');
     expect(next.headers['x-ratelimit-remaining-hour']).toBe('2');
     expect(next.headers['x-ratelimit-remaining-day']).toBe('14');
+  });
+
+  it('goes on counting the day and the hour when the timezone changes, either way (regression: a zone whose day began later gave every key a fresh day)', async () => {
+    const key = `zone-${Date.now()}`;
+    const inForce = readFileSync(gw.limitsPath, 'utf8');
+    const order = () => send(gw.url, { path: '/orders/1', headers: { 'X-API-Key': key } });
+    for (let i = 0; i < 3; i++) expect((await order()).status).toBe(200);
+    // Whatever the hour, one of these changes moves the start of the day in progress later and the
+    // other earlier (Ho Chi Minh City's day begins at 17:00 UTC); Kolkata's hours begin on the half hour.
+    let used = 3;
+    for (const zone of ['Asia/Ho_Chi_Minh', 'UTC', 'Asia/Kolkata', 'UTC']) {
+      writeFileSync(gw.limitsPath, table(5, 10, 'Order List', zone));
+      expect((await admin(gw, '/admin/limits/reload', 'POST')).status).toBe(200);
+      const reply = await order();
+      used++;
+      expect(reply.status).toBe(200);
+      expect([reply.headers['x-ratelimit-remaining-hour'], reply.headers['x-ratelimit-remaining-day']]).toEqual([
+        String(1000 - used),
+        String(1000 - used),
+      ]);
+    }
+    writeFileSync(gw.limitsPath, inForce);
+    expect((await admin(gw, '/admin/limits/reload', 'POST')).status).toBe(200);
   });
 
   it('refuses an invalid table with the errors check prints, logs and counts it, and keeps the table in force', async () => {
