@@ -53,13 +53,23 @@ export function usageIn(stored: StoredCounter | undefined, ids: WindowIds): Usag
 export function countStep(
   stored: StoredCounter | undefined,
   request: ConsumeRequest,
-): { allowed: boolean; hourStart: number; hour: number; dayStart: number; day: number; zone: string | undefined } {
+): {
+  allowed: boolean;
+  hourStart: number;
+  hour: number;
+  dayStart: number;
+  day: number;
+  zone: string | undefined;
+  /** The counter takes these bounds and zone even when the request is refused (its windows were of another zone). */
+  moved: boolean;
+} {
   let hourStart = request.hourStart;
   let dayStart = request.dayStart;
   let hour = 0;
   let day = 0;
   const zone = request.zone ?? stored?.zone;
-  if (stored && otherZone(stored, request.zone)) {
+  const moved = stored !== undefined && otherZone(stored, request.zone);
+  if (stored && moved) {
     if (stored.hourStart + HOUR_SECONDS > hourStart) hour = stored.hour;
     if (stored.dayStart + DAY_SECONDS > dayStart) day = stored.day;
   } else if (stored) {
@@ -73,9 +83,9 @@ export function countStep(
     }
   }
   if (!request.force && (hour >= request.hourLimit || day >= request.dayLimit)) {
-    return { allowed: false, hourStart, hour, dayStart, day, zone };
+    return { allowed: false, hourStart, hour, dayStart, day, zone, moved };
   }
-  return { allowed: true, hourStart, hour: hour + 1, dayStart, day: day + 1, zone };
+  return { allowed: true, hourStart, hour: hour + 1, dayStart, day: day + 1, zone, moved };
 }
 
 /**
@@ -148,6 +158,10 @@ for i = 1, #KEYS do
   end
   if force ~= '1' and (hc >= tonumber(hourLimit) or dc >= tonumber(dayLimit)) then
     out[#out + 1] = 0
+    -- Refused, but the counter moves to the new zone's bounds all the same: its next window starts afresh.
+    if moved then
+      c.hs, c.ds, c.hc, c.dc, c.tz, c.newDay, c.moved = hs, ds, hc, dc, zone, true, true
+    end
   else
     if moved then
       c.hs, c.ds, c.newDay = hs, ds, true
@@ -184,6 +198,9 @@ for _, key in ipairs(order) do
       redis.call('HSET', key, 'hs', c.hs, 'hc', c.hc, 'ds', c.ds, 'dc', c.dc, field, rc)
     end
     if c.newDay then redis.call('PEXPIREAT', key, expireAt) end
+  elseif c.moved then
+    redis.call('HSET', key, 'hs', c.hs, 'hc', c.hc, 'ds', c.ds, 'dc', c.dc, 'tz', c.tz)
+    redis.call('PEXPIREAT', key, expireAt)
   end
 end
 return out

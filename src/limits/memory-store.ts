@@ -37,7 +37,8 @@ export class MemoryCounterStore implements CounterStore {
   async consume(request: ConsumeRequest): Promise<Counts> {
     const key = request.keyHash + ':' + request.counterId;
     const next = countStep(this.#entries.get(key), request);
-    if (next.allowed) {
+    // A refusal writes nothing, but for a counter that moves to a new zone's bounds.
+    if (next.allowed || next.moved) {
       const ttl = Math.max(1, request.expireAt - this.#now());
       this.#entries.set(
         key,

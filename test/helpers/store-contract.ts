@@ -94,6 +94,16 @@ export function describeCounterStore(name: string, makeStore: () => CounterStore
       expect(await store.consume(limited(later))).toEqual({ allowed: true, hour: 1, day: 1 });
     });
 
+    it("moves a counter to a new zone's bounds even on a refusal, so the new zone's next day starts afresh (regression: a key spent at the change stayed refused a day longer)", async () => {
+      const limited = (windows: Partial<ConsumeRequest>) => req({ ...windows, hourLimit: 100, dayLimit: 2 });
+      for (let i = 0; i < 2; i++) await store.consume(limited({ hourStart: H, dayStart: D, zone: 'UTC' }));
+      // Honolulu's day began 14 hours before UTC's: still this one, and spent.
+      const honolulu = { hourStart: H, dayStart: D - 14 * 3600, zone: 'Pacific/Honolulu' };
+      expect(await store.consume(limited(honolulu))).toEqual({ allowed: false, hour: 2, day: 2 });
+      const next = { hourStart: H + 24 * 3600, dayStart: D + 10 * 3600, zone: 'Pacific/Honolulu' };
+      expect(await store.consume(limited(next))).toEqual({ allowed: true, hour: 1, day: 1 });
+    });
+
     it('never moves a window back: an instance whose clock lags counts in the newer window', async () => {
       await store.consume(req({ hourStart: H + 3600 }));
       expect(await store.consume(req({ hourStart: H }))).toEqual({ allowed: true, hour: 2, day: 2 });

@@ -105,14 +105,16 @@ describe('CONSUME_SCRIPT', () => {
         // The rule, one request after the other, on the same counters.
         const state = counters.map((c) => c.stored);
         const added = counters.map(() => 0);
+        const moved = counters.map(() => false);
         const expected: number[] = [];
         for (const { index, request } of items) {
           const next = countStep(state[index], request);
-          if (next.allowed) {
+          if (next.allowed || next.moved) {
             const { hourStart, hour, dayStart, day, zone } = next;
             state[index] = { hourStart, hour, dayStart, day, zone };
-            added[index] = (added[index] as number) + 1;
           }
+          if (next.moved) moved[index] = true;
+          if (next.allowed) added[index] = (added[index] as number) + 1;
           expected.push(next.allowed ? 1 : 0, next.hour, next.day);
         }
         expect(reply).toEqual(expected);
@@ -122,6 +124,13 @@ describe('CONSUME_SCRIPT', () => {
           const now = await client.hmget(key, 'hs', 'hc', 'ds', 'dc', FIELD, OTHER_FIELD, 'tz');
           const units = added[i] as number;
           const other = c.stored ? '7:1,3:2,' : null;
+          if (units === 0 && moved[i]) {
+            // Refusals only, but the counter moved to the call's zone: its bounds, counts and zone, no receipt.
+            const after = state[i] as StoredCounter;
+            expect(now).toEqual([...fields(after), receiptText(c.rc), other, after.zone ?? null]);
+            expect(await client.pexpiretime(key)).toBe(EXPIRE_AT);
+            continue;
+          }
           if (units === 0) {
             // A counter of refusals only is not written at all.
             expect(now).toEqual(
