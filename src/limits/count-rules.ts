@@ -116,10 +116,12 @@ export interface Receipt {
  * count, day count. Each counter is read once and written once, so a batch costs Redis no more
  * than its distinct counters. A counter that gained units records `seq:units:hourStart:dayStart,`
  * (the windows the units went in, which are the counter's, not the call's, when another instance
- * had already moved it on) in front of the sending instance's own field (`rc:<instance>`), newest first, and drops that instance's
- * receipts older than its oldest unsettled call, which nothing will ever take back (and any past
- * RECEIPTS_KEPT): a receipt stays as long as the receipt ledger may need it, and no other
- * instance's calls touch it. A new day sets the counter's expiry, which takes every field with it.
+ * had already moved it on) in front of the sending instance's own field (`rc:<instance>`), newest
+ * first, and drops that instance's receipts older than its oldest unsettled call, which nothing
+ * will ever take back (and any past RECEIPTS_KEPT): a receipt stays as long as the receipt ledger
+ * may need it, and no other instance's calls touch it. A counter records the zone of its windows
+ * (`tz`), and a refused request still moves it to another zone's bounds. A new day sets the
+ * counter's expiry, which takes every field with it.
  */
 export const CONSUME_SCRIPT = `
 local hs = tonumber(ARGV[1])
@@ -279,9 +281,8 @@ for i = 1, #KEYS do
   if shs and zone ~= '' and stz and stz ~= zone then
     -- Windows of two zones: those that overlap are one, in the counter's bounds; the zone is the day's.
     newDay = false
-    if shs + ${HOUR_SECONDS} <= hs then
-    elseif hs + ${HOUR_SECONDS} <= shs then hs, hc = shs, tonumber(v[2]) or 0
-    else hs, hc = shs, hc + (tonumber(v[2]) or 0) end
+    if hs + ${HOUR_SECONDS} <= shs then hs, hc = shs, tonumber(v[2]) or 0
+    elseif shs + ${HOUR_SECONDS} > hs then hs, hc = shs, hc + (tonumber(v[2]) or 0) end
     if sds + ${DAY_SECONDS} <= ds then newDay = true
     elseif ds + ${DAY_SECONDS} <= sds then ds, dc, zone = sds, tonumber(v[4]) or 0, stz
     else ds, dc, zone = sds, dc + (tonumber(v[4]) or 0), stz end

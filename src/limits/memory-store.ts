@@ -17,12 +17,10 @@ import {
  * forgotten, which can only ever admit more, never refuse wrongly.
  */
 
-type Entry = StoredCounter;
-
 export const DEFAULT_MAX_COUNTERS = 200_000;
 
 export class MemoryCounterStore implements CounterStore {
-  readonly #entries: LRUCache<string, Entry>;
+  readonly #entries: LRUCache<string, StoredCounter>;
   readonly #now: () => number;
 
   constructor(options: { maxCounters?: number; now?: () => number } = {}) {

@@ -1,5 +1,6 @@
 import { spawn } from 'node:child_process';
 import net from 'node:net';
+import { outputOf, waitForOutput } from './child-gateway.js';
 
 /**
  * A bridge that misbehaves on purpose, written on raw sockets so that every byte and every
@@ -150,16 +151,8 @@ export async function startUnreachableInTimeBridge(lifetimeMs = 30_000): Promise
         process.exit(0);
       });
     });`;
-  const child = spawn(process.execPath, ['-e', script], { stdio: ['ignore', 'pipe', 'inherit'] });
-  const port = await new Promise<number>((resolve, reject) => {
-    let out = '';
-    child.stdout.setEncoding('utf8');
-    child.stdout.on('data', (chunk: string) => {
-      out += chunk;
-      if (out.includes('\n')) resolve(Number(out.trim()));
-    });
-    child.on('exit', (code) => reject(new Error(`the listener exited (${code}) before it listened`)));
-  });
+  const child = spawn(process.execPath, ['-e', script], { stdio: ['ignore', 'pipe', 'pipe'] });
+  const port = Number((await waitForOutput(child, outputOf(child), '\n', 5000)).trim());
   // Backlog 1 holds two completed connections (Linux: full when more than the backlog wait).
   const fillers = await Promise.all(
     [0, 1].map(

@@ -5,6 +5,7 @@ import net from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
+import { createRedisClient, type RedisClient } from '../../src/redis/connection.js';
 
 /** The Redis every developer machine and CI has (or REDIS_URL). */
 export const REDIS_URL = process.env.REDIS_URL ?? 'redis://127.0.0.1:6379';
@@ -16,6 +17,18 @@ export function uniquePrefix(label = 't'): string {
 
 export function redisClient(url = REDIS_URL): Redis {
   return new Redis(url, { maxRetriesPerRequest: 1 });
+}
+
+/**
+ * The gateway's own client (no offline queue, commands time out after `commandTimeoutMs`),
+ * connected, with its errors swallowed: the tests that use it stop, pause or lose the Redis
+ * behind it on purpose, and look at what the commands answer instead.
+ */
+export async function connectedClient(url: string, commandTimeoutMs: number): Promise<RedisClient> {
+  const client = createRedisClient({ url, commandTimeoutMs });
+  client.on('error', () => {});
+  await client.connect();
+  return client;
 }
 
 export async function freePort(): Promise<number> {

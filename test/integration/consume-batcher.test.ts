@@ -4,7 +4,7 @@ import { ConsumeBatcher, MAX_CALLS_OUT, MAX_WAIT_MS } from '../../src/redis/cons
 import { createRedisClient, type RedisClient } from '../../src/redis/connection.js';
 import { ReceiptLedger } from '../../src/redis/receipt-ledger.js';
 import { request } from '../helpers/store-contract.js';
-import { redisClient, startRedisServer, type RedisProcess } from '../helpers/redis.js';
+import { connectedClient, redisClient, startRedisServer, type RedisProcess } from '../helpers/redis.js';
 import { startRedisProxy } from '../helpers/redis-proxy.js';
 
 /**
@@ -19,9 +19,7 @@ let ledger: ReceiptLedger;
 
 beforeAll(async () => {
   own = await startRedisServer();
-  c = createRedisClient({ url: own.url, commandTimeoutMs: 1000 });
-  c.on('error', () => {});
-  await c.connect();
+  c = await connectedClient(own.url, 1000);
   inspect = redisClient(own.url);
   ledger = new ReceiptLedger(c);
   // Loads the script, so that every call below is one EVALSHA.
@@ -179,9 +177,7 @@ describe('ConsumeBatcher: failed calls', () => {
   });
 
   it('hands a call whose answer never came to the ledger, with every counter of it, so its units are taken back', async () => {
-    const quick = createRedisClient({ url: own.url, commandTimeoutMs: 100 });
-    quick.on('error', () => {});
-    await quick.connect();
+    const quick = await connectedClient(own.url, 100);
     const quickLedger = new ReceiptLedger(quick);
     const batcher = new ConsumeBatcher(quick, quickLedger);
     await batcher.consume('doubt-warm', request()); // loads the script on this connection
@@ -211,9 +207,7 @@ describe('ConsumeBatcher: failed calls', () => {
   });
 
   it('takes back the units of every call in doubt, however many went out behind a stalled Redis (regression: a counter kept only 8 receipts, and the calls of a longer stall stayed counted)', async () => {
-    const quick = createRedisClient({ url: own.url, commandTimeoutMs: 100 });
-    quick.on('error', () => {});
-    await quick.connect();
+    const quick = await connectedClient(own.url, 100);
     const quickLedger = new ReceiptLedger(quick);
     const batcher = new ConsumeBatcher(quick, quickLedger);
     await batcher.consume('stall-warm', request()); // loads the script on this connection
@@ -248,9 +242,7 @@ describe('ConsumeBatcher: failed calls', () => {
   });
 
   it('sends nothing on a connection that is not ready, and holds nothing in doubt for it', async () => {
-    const gone = createRedisClient({ url: own.url, commandTimeoutMs: 1000 });
-    gone.on('error', () => {});
-    await gone.connect();
+    const gone = await connectedClient(own.url, 1000);
     const goneLedger = new ReceiptLedger(gone);
     const batcher = new ConsumeBatcher(gone, goneLedger);
     const ended = new Promise((resolve) => gone.once('end', resolve));

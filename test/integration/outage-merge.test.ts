@@ -4,7 +4,14 @@ import { MergeFailedError, type CounterKey, type MergeEntry } from '../../src/li
 import { createRedisClient, type RedisClient } from '../../src/redis/connection.js';
 import { MERGE_CHUNK, OutageMerge } from '../../src/redis/outage-merge.js';
 import { request } from '../helpers/store-contract.js';
-import { REDIS_URL, redisClient, startRedisServer, uniquePrefix, type RedisProcess } from '../helpers/redis.js';
+import {
+  connectedClient,
+  REDIS_URL,
+  redisClient,
+  startRedisServer,
+  uniquePrefix,
+  type RedisProcess,
+} from '../helpers/redis.js';
 
 /**
  * The merge of an outage's counts on a real Redis (README "When parts fail" → "Redis"): waves
@@ -101,9 +108,7 @@ describe('OutageMerge on a Redis of its own (INFO commandstats)', () => {
 
   beforeAll(async () => {
     own = await startRedisServer();
-    c = createRedisClient({ url: own.url, commandTimeoutMs: 1000 });
-    c.on('error', () => {});
-    await c.connect();
+    c = await connectedClient(own.url, 1000);
     direct = redisClient(own.url);
   });
   afterAll(async () => {

@@ -3,7 +3,14 @@ import { CONSUME_SCRIPT, pushConsumeArgs, RECEIPTS_KEPT, type Receipt } from '..
 import { createRedisClient, type RedisClient } from '../../src/redis/connection.js';
 import { ReceiptLedger } from '../../src/redis/receipt-ledger.js';
 import { request } from '../helpers/store-contract.js';
-import { REDIS_URL, redisClient, startRedisServer, uniquePrefix, type RedisProcess } from '../helpers/redis.js';
+import {
+  connectedClient,
+  REDIS_URL,
+  redisClient,
+  startRedisServer,
+  uniquePrefix,
+  type RedisProcess,
+} from '../helpers/redis.js';
 
 /**
  * The receipt ledger on a real Redis: units of calls whose answer never came are taken back
@@ -139,38 +146,29 @@ describe('ReceiptLedger: what it takes back', () => {
     ledger.close();
   });
 
-  it('keeps a receipt in its counter through any number of later calls while its call is unsettled (regression: a counter kept only its last 8 receipts, and a call in doubt behind more calls than that left its units counted twice)', async () => {
-    const ledger = new ReceiptLedger(client);
-    const key = newKey();
-    const doubtful = ledger.issue();
-    await count(client, doubtful, [key]);
-    for (let i = 0; i < 20; i++) {
-      const answered = ledger.issue();
-      await count(client, answered, [key]);
-      ledger.settled(answered);
-    }
-    ledger.failed(doubtful, { keys: [key] }, connectionLost);
-    await ledger.reconcile();
-    expect((await counter(key, doubtful.field)).slice(1, 4)).toEqual(['20', String(D), '20']);
-    ledger.close();
-  });
-
-  it('keeps a receipt however many calls other instances count on the counter before its undo (each instance has its own receipt field)', async () => {
-    const [ours, theirs] = [new ReceiptLedger(client), new ReceiptLedger(client)];
-    const key = newKey();
-    const doubtful = ours.issue();
-    await count(client, doubtful, [key]);
-    for (let i = 0; i < 20; i++) {
-      const answered = theirs.issue();
-      await count(client, answered, [key]);
-      theirs.settled(answered);
-    }
-    ours.failed(doubtful, { keys: [key] }, connectionLost);
-    await ours.reconcile();
-    expect((await counter(key, doubtful.field)).slice(1, 5)).toEqual(['20', String(D), '20', '']);
-    ours.close();
-    theirs.close();
-  });
+  it.each([
+    ['of its own instance', false],
+    ['of another instance, which has a receipt field of its own', true],
+  ])(
+    'keeps a receipt in its counter through 20 later calls %s while its call is unsettled (regression: a counter kept the last 8 receipts of all instances, and a call in doubt behind more calls than that left its units counted twice)',
+    async (_, another) => {
+      const ours = new ReceiptLedger(client);
+      const theirs = another ? new ReceiptLedger(client) : ours;
+      const key = newKey();
+      const doubtful = ours.issue();
+      await count(client, doubtful, [key]);
+      for (let i = 0; i < 20; i++) {
+        const answered = theirs.issue();
+        await count(client, answered, [key]);
+        theirs.settled(answered);
+      }
+      ours.failed(doubtful, { keys: [key] }, connectionLost);
+      await ours.reconcile();
+      expect((await counter(key, doubtful.field)).slice(1, 4)).toEqual(['20', String(D), '20']);
+      ours.close();
+      theirs.close();
+    },
+  );
 
   it('lets the script drop the receipts of settled calls: a counter holds those of unsettled calls and the newest', async () => {
     const ledger = new ReceiptLedger(client);
@@ -231,9 +229,7 @@ describe('ReceiptLedger: what it takes back', () => {
 describe('ReceiptLedger: when it reconciles', () => {
   it('tries an undo that failed again every half second while calls are in doubt, and no longer once closed', async () => {
     const own = await ownRedis();
-    const quick = createRedisClient({ url: own.url, commandTimeoutMs: 100 });
-    quick.on('error', () => {});
-    await quick.connect();
+    const quick = await connectedClient(own.url, 100);
     const direct = redisClient(own.url);
     const [open, closed] = [new ReceiptLedger(quick), new ReceiptLedger(quick)];
     for (const [ledger, key] of [
@@ -260,9 +256,7 @@ describe('ReceiptLedger: when it reconciles', () => {
 
   it('sends the undo of a call that falls in doubt at once, ahead of the calls after it, even while other undos are out (regression: it waited for the next round, and 512 answered calls pushed its receipt out)', async () => {
     const own = await ownRedis();
-    const quick = createRedisClient({ url: own.url, commandTimeoutMs: 100 });
-    quick.on('error', () => {});
-    await quick.connect();
+    const quick = await connectedClient(own.url, 100);
     const direct = redisClient(own.url);
     const ledger = new ReceiptLedger(quick);
     const key = 'hot';
@@ -321,9 +315,7 @@ describe('ReceiptLedger: when it reconciles', () => {
 
   it('keeps calls in doubt while Redis is away, and takes their units back as soon as the connection is ready again', async () => {
     const own = await ownRedis();
-    const c = createRedisClient({ url: own.url, commandTimeoutMs: 1000 });
-    c.on('error', () => {});
-    await c.connect();
+    const c = await connectedClient(own.url, 1000);
     const ledger = new ReceiptLedger(c);
     const key = 'away';
     const receipt = ledger.issue();

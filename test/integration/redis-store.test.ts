@@ -3,7 +3,7 @@ import { RedisCounterStore } from '../../src/redis/counter-store.js';
 import { createRedisClient } from '../../src/redis/connection.js';
 import { StoreUnavailableError } from '../../src/limits/store.js';
 import { describeCounterStore, request } from '../helpers/store-contract.js';
-import { REDIS_URL, redisClient, startRedisServer, uniquePrefix } from '../helpers/redis.js';
+import { connectedClient, REDIS_URL, redisClient, startRedisServer, uniquePrefix } from '../helpers/redis.js';
 
 const client = createRedisClient({ url: REDIS_URL, commandTimeoutMs: 1000 });
 await client.connect();
@@ -51,9 +51,7 @@ describe('RedisCounterStore in Redis', () => {
 
   it('takes back every unit of a call that timed out, however many requests of one key it held (regression: only the last 8 were)', async () => {
     const own = await startRedisServer();
-    const c = createRedisClient({ url: own.url, commandTimeoutMs: 100 });
-    c.on('error', () => {});
-    await c.connect();
+    const c = await connectedClient(own.url, 100);
     const store = new RedisCounterStore(c, 'x:');
     await store.consume(request({ keyHash: 'warm' })); // loads the script
     const pauser = redisClient(own.url);
@@ -81,9 +79,7 @@ describe('RedisCounterStore in Redis', () => {
 
   it('fails with a typed store error, quickly, when Redis is gone', async () => {
     const own = await startRedisServer();
-    const c = createRedisClient({ url: own.url, commandTimeoutMs: 200 });
-    c.on('error', () => {}); // reconnect attempts after the stop
-    await c.connect();
+    const c = await connectedClient(own.url, 200);
     const store = new RedisCounterStore(c, 'x:');
     await own.stop();
     const started = Date.now();
