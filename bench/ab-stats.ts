@@ -13,6 +13,8 @@ export interface ProcessSamples {
   readonly build: string;
   readonly cpuUsPerRequest: readonly number[];
   readonly reqPerSec: readonly number[];
+  /** Redis's CPU microseconds per request in the same rounds (only the process measured uses Redis then). */
+  readonly redisUsPerRequest: readonly number[];
 }
 
 export interface BuildSummary {
@@ -22,6 +24,8 @@ export interface BuildSummary {
   /** The lowest and highest of those process medians. */
   readonly processRange: readonly [number, number];
   readonly reqPerSec: number;
+  /** Mean over the build's processes of each process's median round of Redis's CPU per request. */
+  readonly redisUsPerRequest: number;
   /** cpuUsPerRequest less the first build's (negative: cheaper). */
   readonly difference: number;
   /** difference as a share of the first build's figure. */
@@ -39,6 +43,7 @@ export function summariseBuilds(samples: readonly ProcessSamples[]): BuildSummar
       cpuUsPerRequest: mean(cpu),
       processRange: [Math.min(...cpu), Math.max(...cpu)] as const,
       reqPerSec: mean(processes.map((p) => median(p.reqPerSec))),
+      redisUsPerRequest: mean(processes.map((p) => median(p.redisUsPerRequest))),
     };
   });
   const reference = figures[0]?.cpuUsPerRequest ?? Number.NaN;

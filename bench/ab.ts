@@ -130,26 +130,30 @@ async function main(): Promise<void> {
     const ticks = clockTicksPerSecond();
     const width = Math.max(24, ...labels.map((l) => l.length));
     // Per workload, per process under test: one CPU and one req/s figure per measured round.
-    const samples = new Map<string, Map<UnderTest, { cpu: number[]; rps: number[] }>>(
-      workloads.map((w) => [w.name, new Map(underTest.map((t) => [t, { cpu: [], rps: [] }]))]),
+    const samples = new Map<string, Map<UnderTest, { cpu: number[]; rps: number[]; redis: number[] }>>(
+      workloads.map((w) => [w.name, new Map(underTest.map((t) => [t, { cpu: [], rps: [], redis: [] }]))]),
     );
     log(`${ROUNDS} rounds of ${SECONDS} s per process and workload after a warm-up, ${CONNECTIONS} connections`);
     for (let round = 0; round <= ROUNDS; round++) {
       for (const workload of workloads) {
         for (const target of roundOrder(underTest, round)) {
           const before = cpuTicks(target.gateway.child.pid);
+          const redisBefore = cpuTicks(redis.child.pid);
           const m = await measure(target.gateway.url, workload.requests, {
             connections: CONNECTIONS,
             seconds: SECONDS,
           });
           await sleep(200);
-          const cpu = ((cpuTicks(target.gateway.child.pid) - before) / ticks / Math.max(1, m.completed)) * 1e6;
+          const perRequest = (ticksUsed: number): number => (ticksUsed / ticks / Math.max(1, m.completed)) * 1e6;
+          const cpu = perRequest(cpuTicks(target.gateway.child.pid) - before);
+          const redisCpu = perRequest(cpuTicks(redis.child.pid) - redisBefore);
           const bad = Object.entries(m.statusCounts).filter(([status]) => status !== '200');
           if (bad.length > 0) throw new Error(`${target.build}: answers other than 200: ${JSON.stringify(bad)}`);
           if (round === 0) continue; // warm-up
           const mine = samples.get(workload.name)?.get(target);
           mine?.cpu.push(cpu);
           mine?.rps.push(m.reqPerSec);
+          mine?.redis.push(redisCpu);
         }
       }
       if (round > 0) log(`  round ${round}/${ROUNDS} done`);
@@ -168,15 +172,18 @@ async function main(): Promise<void> {
           build: target.build,
           cpuUsPerRequest: s?.cpu ?? [],
           reqPerSec: s?.rps ?? [],
+          redisUsPerRequest: s?.redis ?? [],
         }));
       log('');
-      log(`${workload.label}: CPU µs per request (mean of ${PROCESSES} processes' medians, their range), req/s`);
+      log(
+        `${workload.label}: CPU µs per request (mean of ${PROCESSES} processes' medians, their range), req/s, Redis's CPU µs per request`,
+      );
       for (const [i, b] of summariseBuilds(processSamples).entries()) {
         const sign = b.difference >= 0 ? '+' : '';
         const diff =
           i === 0 ? '(reference)' : `${sign}${b.difference.toFixed(1)} µs (${sign}${(b.relative * 100).toFixed(1)} %)`;
         log(
-          `  ${b.build.padEnd(width)} ${b.cpuUsPerRequest.toFixed(1).padStart(7)}  [${b.processRange[0].toFixed(1)}–${b.processRange[1].toFixed(1)}]  ${b.reqPerSec.toFixed(0).padStart(7)} req/s  ${diff}`,
+          `  ${b.build.padEnd(width)} ${b.cpuUsPerRequest.toFixed(1).padStart(7)}  [${b.processRange[0].toFixed(1)}–${b.processRange[1].toFixed(1)}]  ${b.reqPerSec.toFixed(0).padStart(7)} req/s  Redis ${b.redisUsPerRequest.toFixed(1).padStart(5)} µs  ${diff}`,
         );
       }
     }

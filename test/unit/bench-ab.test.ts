@@ -6,10 +6,10 @@ describe('bench:ab comparison', () => {
   it('takes each process’s median round, a build’s mean over its processes, and differences to the first build', () => {
     const summary = summariseBuilds([
       // One round of the first process was disturbed (80): its median ignores it.
-      { build: 'main', cpuUsPerRequest: [70, 71, 80], reqPerSec: [1000, 1010, 900] },
-      { build: 'main', cpuUsPerRequest: [74, 73, 75], reqPerSec: [950, 960, 940] },
-      { build: 'change', cpuUsPerRequest: [66, 67, 65], reqPerSec: [1100, 1090, 1110] },
-      { build: 'change', cpuUsPerRequest: [68, 69, 68], reqPerSec: [1050, 1040, 1060] },
+      { build: 'main', cpuUsPerRequest: [70, 71, 80], reqPerSec: [1000, 1010, 900], redisUsPerRequest: [9, 8, 20] },
+      { build: 'main', cpuUsPerRequest: [74, 73, 75], reqPerSec: [950, 960, 940], redisUsPerRequest: [10, 11, 10] },
+      { build: 'change', cpuUsPerRequest: [66, 67, 65], reqPerSec: [1100, 1090, 1110], redisUsPerRequest: [7, 7, 6] },
+      { build: 'change', cpuUsPerRequest: [68, 69, 68], reqPerSec: [1050, 1040, 1060], redisUsPerRequest: [6, 5, 6] },
     ]);
     expect(summary.map((b) => b.build)).toEqual(['main', 'change']);
     const [main, change] = summary;
@@ -17,9 +17,15 @@ describe('bench:ab comparison', () => {
       cpuUsPerRequest: 72.5,
       processRange: [71, 74],
       reqPerSec: 975,
+      redisUsPerRequest: 9.5,
       difference: 0,
     });
-    expect(change).toMatchObject({ cpuUsPerRequest: 67, processRange: [66, 68], reqPerSec: 1075 });
+    expect(change).toMatchObject({
+      cpuUsPerRequest: 67,
+      processRange: [66, 68],
+      reqPerSec: 1075,
+      redisUsPerRequest: 6.5,
+    });
     expect(change?.difference).toBeCloseTo(-5.5, 10);
     expect(change?.relative).toBeCloseTo(-5.5 / 72.5, 10);
   });
