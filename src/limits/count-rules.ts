@@ -121,7 +121,10 @@ export interface Receipt {
  * will ever take back (and any past RECEIPTS_KEPT): a receipt stays as long as the receipt ledger
  * may need it, and no other instance's calls touch it. A counter records the zone of its windows
  * (`tz`), and a refused request still moves it to another zone's bounds. A new day sets the
- * counter's expiry, which takes every field with it.
+ * counter's expiry, which takes every field with it. A call that finds its own receipt in a counter
+ * already ran there (on a Cluster ioredis sends a command again after its connection closed, and
+ * an undo leaves a receipt with no units): it counts nothing there, and its requests get the
+ * first run's answers, with the counter's counts as they are now.
  */
 export const CONSUME_SCRIPT = `
 local hsText, dsText = ARGV[1], ARGV[2]
@@ -133,6 +136,32 @@ local field = ARGV[5]
 local seq = ARGV[6]
 local oldest = tonumber(ARGV[7])
 local zone = ARGV[8]
+local seqNumber = tonumber(seq)
+-- Of a counter's receipts of this instance (newest first), those that stay: from the oldest
+-- unsettled call on, RECEIPTS_KEPT with this call's at most. And, when this very call ran here
+-- before (ioredis sent it again after its reply was lost, or it was taken back since), the units
+-- its receipt records, which is among those as the call is unsettled; nil when it did not.
+local function receiptsKept(rc)
+  local keep, counted = 0, nil
+  for _ = 2, ${RECEIPTS_KEPT} do
+    local colon = string.find(rc, ':', keep + 1, true)
+    if not colon then break end
+    local n = tonumber(string.sub(rc, keep + 1, colon - 1))
+    if n < oldest then break end
+    if n == seqNumber then counted = tonumber(string.match(rc, '^%d+', colon + 1)) end
+    keep = string.find(rc, ',', colon, true)
+  end
+  return string.sub(rc, 1, keep), counted
+end
+-- A request of a call that already ran on this counter: the first run's answer, counting nothing.
+-- A row's requests are all shadow (force) or none, so the allowed ones were the first c.counted.
+local function answerAgain(c, force)
+  if force == '1' or c.counted > 0 then
+    c.counted = math.max(c.counted - 1, 0)
+    return 1, c.hc - c.counted, c.dc - c.counted
+  end
+  return 0, c.hc, c.dc
+end
 local at = 1
 local counters = {}
 local order = {}
@@ -147,57 +176,61 @@ for i = 1, #KEYS do
     local v = redis.call('HMGET', key, 'hs', 'hc', 'ds', 'dc', field, 'tz')
     c = { hs = tonumber(v[1]), hc = tonumber(v[2]) or 0, ds = tonumber(v[3]), dc = tonumber(v[4]) or 0, rc = v[5] or '', tz = v[6] or nil, added = 0 }
     c.storedTz = c.tz
+    -- When this call ran here before, the units of that run are all it counts. (Set only then: a
+    -- ninth field would make Lua grow every counter's table, some 4 % of the script's work.)
+    local rc, counted = receiptsKept(c.rc)
+    c.rc = rc
+    if counted then c.counted = counted end
     counters[key] = c
     order[#order + 1] = key
   end
-  local hc, dc = c.hc, c.dc
-  local moved = zone ~= '' and c.tz and c.tz ~= zone
-  if moved then
-    if not c.hs or c.hs + ${HOUR_SECONDS} <= hs then hc = 0 end
-    if not c.ds or c.ds + ${DAY_SECONDS} <= ds then dc = 0 end
+  local allowed, hc, dc
+  if c.counted then
+    allowed, hc, dc = answerAgain(c, force)
   else
-    if not c.hs or c.hs < hs then hc = 0 end
-    if not c.ds or c.ds < ds then dc = 0 end
-  end
-  if force ~= '1' and (hc >= tonumber(hourLimit) or dc >= tonumber(dayLimit)) then
-    out[#out + 1] = 0
-    -- Refused, but the counter moves to the new zone's bounds all the same: its next window starts afresh.
+    -- countStep, on the counter as this call has it so far.
+    hc, dc = c.hc, c.dc
+    local moved = zone ~= '' and c.tz and c.tz ~= zone
     if moved then
-      c.hs, c.ds, c.hc, c.dc, c.tz, c.newDay, c.moved = hs, ds, hc, dc, zone, true, true
-    end
-  else
-    if moved then
-      c.hs, c.ds, c.newDay = hs, ds, true
+      if not c.hs or c.hs + ${HOUR_SECONDS} <= hs then hc = 0 end
+      if not c.ds or c.ds + ${DAY_SECONDS} <= ds then dc = 0 end
     else
-      if not c.hs or c.hs < hs then c.hs = hs end
-      if not c.ds or c.ds < ds then c.ds = ds; c.newDay = true end
+      if not c.hs or c.hs < hs then hc = 0 end
+      if not c.ds or c.ds < ds then dc = 0 end
     end
-    if zone ~= '' then c.tz = zone end
-    hc = hc + 1
-    dc = dc + 1
-    c.hc, c.dc = hc, dc
-    c.added = c.added + 1
-    out[#out + 1] = 1
+    if force ~= '1' and (hc >= tonumber(hourLimit) or dc >= tonumber(dayLimit)) then
+      allowed = 0
+      -- Refused, but the counter moves to the new zone's bounds all the same: its next window starts afresh.
+      if moved then
+        c.hs, c.ds, c.hc, c.dc, c.tz, c.newDay, c.moved = hs, ds, hc, dc, zone, true, true
+      end
+    else
+      allowed = 1
+      if moved then
+        c.hs, c.ds, c.newDay = hs, ds, true
+      else
+        if not c.hs or c.hs < hs then c.hs = hs end
+        if not c.ds or c.ds < ds then c.ds = ds; c.newDay = true end
+      end
+      if zone ~= '' then c.tz = zone end
+      hc = hc + 1
+      dc = dc + 1
+      c.hc, c.dc = hc, dc
+      c.added = c.added + 1
+    end
   end
+  out[#out + 1] = allowed
   out[#out + 1] = hc
   out[#out + 1] = dc
 end
 for _, key in ipairs(order) do
   local c = counters[key]
   if c.added > 0 then
-    -- Receipts are newest first: keep them up to the first one older than the oldest unsettled call,
-    -- RECEIPTS_KEPT with this one at most.
-    local keep = 0
-    for _ = 2, ${RECEIPTS_KEPT} do
-      local colon = string.find(c.rc, ':', keep + 1, true)
-      if not colon or tonumber(string.sub(c.rc, keep + 1, colon - 1)) < oldest then break end
-      keep = string.find(c.rc, ',', colon, true)
-    end
     -- Bounds that are the call's are written as the call's text: a number costs a formatting each
     -- time it is written, in the receipt and in HSET (docs/performance.md, change 15).
     local hsOut = c.hs == hs and hsText or c.hs
     local dsOut = c.ds == ds and dsText or c.ds
-    local rc = seq .. ':' .. c.added .. ':' .. hsOut .. ':' .. dsOut .. ',' .. string.sub(c.rc, 1, keep)
+    local rc = seq .. ':' .. c.added .. ':' .. hsOut .. ':' .. dsOut .. ',' .. c.rc
     -- One write; the zone only when it changed (a new table's zone, or a counter's first).
     if c.tz ~= c.storedTz then
       redis.call('HSET', key, 'hs', hsOut, 'hc', c.hc, 'ds', dsOut, 'dc', c.dc, field, rc, 'tz', c.tz)

@@ -10,7 +10,10 @@ import net from 'node:net';
  */
 export interface RedisProxy {
   readonly url: string;
+  readonly port: number;
   loseReplies: boolean;
+  /** Loses the next reply only, as `loseReplies` does, and passes the ones after it. */
+  loseNextReply(): void;
   delayRepliesMs: number;
   /** Connections closed because a reply was lost. */
   readonly lost: number;
@@ -19,7 +22,7 @@ export interface RedisProxy {
 
 export async function startRedisProxy(redisPort: number): Promise<RedisProxy> {
   const sockets = new Set<net.Socket>();
-  const state = { loseReplies: false, delayRepliesMs: 0, lost: 0 };
+  const state = { loseReplies: false, loseNext: false, delayRepliesMs: 0, lost: 0 };
   const server = net.createServer((client) => {
     const upstream = net.connect(redisPort, '127.0.0.1');
     for (const s of [client, upstream]) {
@@ -31,7 +34,8 @@ export async function startRedisProxy(redisPort: number): Promise<RedisProxy> {
     upstream.on('close', () => client.destroy());
     client.on('data', (chunk: Buffer) => upstream.write(chunk));
     upstream.on('data', (chunk: Buffer) => {
-      if (state.loseReplies) {
+      if (state.loseReplies || state.loseNext) {
+        state.loseNext = false;
         state.lost++;
         client.destroy();
         upstream.destroy();
@@ -45,6 +49,10 @@ export async function startRedisProxy(redisPort: number): Promise<RedisProxy> {
   const port = (server.address() as net.AddressInfo).port;
   return {
     url: `redis://127.0.0.1:${port}`,
+    port,
+    loseNextReply() {
+      state.loseNext = true;
+    },
     get loseReplies() {
       return state.loseReplies;
     },

@@ -154,6 +154,73 @@ describe('CONSUME_SCRIPT', () => {
     );
   });
 
+  it('counts nothing for a call it runs again (ioredis resends a command whose connection closed on a Cluster), and answers each request as its first run did', async () => {
+    // Limits and shadow (force) are a row's, so the same for every request on one counter.
+    const call = fc.record({
+      counters: fc.array(
+        fc.record({ stored, rc: receipts, hourLimit: fc.nat(6), dayLimit: fc.nat(8), force: fc.boolean() }),
+        { minLength: 1, maxLength: 3 },
+      ),
+      oldestUnsettled: fc.integer({ min: SEQ - 100, max: SEQ }),
+      windows,
+      requests: fc.array(fc.nat(2), { minLength: 1, maxLength: 6 }),
+    });
+    await fc.assert(
+      fc.asyncProperty(call, async ({ counters, oldestUnsettled, windows: w, requests }) => {
+        const keys = counters.map((_, i) => `${prefix}again${++run}:${i}`);
+        for (const [i, c] of counters.entries()) await setCounter(keys[i] as string, c.stored, c.rc);
+        const items = requests.map((n) => {
+          const { hourLimit, dayLimit, force } = counters[n % counters.length] as (typeof counters)[number];
+          const request = { keyHash: 'k', counterId: 'row', ...w, hourLimit, dayLimit, force, expireAt: EXPIRE_AT };
+          return { key: keys[n % counters.length] as string, request: request satisfies ConsumeRequest };
+        });
+        const keysThenArgs: Array<string | number> = items.map((item) => item.key);
+        pushConsumeArgs(keysThenArgs, items, receiptOf(SEQ, oldestUnsettled));
+        const snapshot = (): Promise<unknown[]> =>
+          Promise.all(keys.map(async (k) => [await client.hgetall(k), await client.pexpiretime(k)]));
+
+        const first = (await client.eval(CONSUME_SCRIPT, items.length, ...keysThenArgs)) as number[];
+        const afterFirst = await snapshot();
+        const again = (await client.eval(CONSUME_SCRIPT, items.length, ...keysThenArgs)) as number[];
+        expect(again).toEqual(first);
+        expect(await snapshot()).toEqual(afterFirst);
+      }),
+      { numRuns: 150 },
+    );
+  });
+
+  it('knows a call it runs again behind the receipts of later calls of its instance (several calls out at once on a Cluster)', async () => {
+    const key = `${prefix}behind${++run}`;
+    const one = [
+      {
+        key,
+        request: {
+          keyHash: 'k',
+          counterId: 'row',
+          hourStart: H,
+          dayStart: D,
+          expireAt: EXPIRE_AT,
+          hourLimit: 9,
+          dayLimit: 9,
+          force: false,
+        } satisfies ConsumeRequest,
+      },
+    ];
+    const callOf = (seq: number): Array<string | number> => {
+      const keysThenArgs: Array<string | number> = [key];
+      pushConsumeArgs(keysThenArgs, one, receiptOf(seq, SEQ));
+      return keysThenArgs;
+    };
+    // SEQ is still unsettled while SEQ + 1 and SEQ + 2 run, so its receipt stays behind theirs.
+    for (const seq of [SEQ, SEQ + 1, SEQ + 2]) await client.eval(CONSUME_SCRIPT, 1, ...callOf(seq));
+    expect(await client.hget(key, FIELD)).toBe(
+      receiptText([SEQ + 2, SEQ + 1, SEQ].map((seq) => ({ seq, units: 1, hourStart: H, dayStart: D }))),
+    );
+    // Allowed, as the first run was, with the counts the counter holds now (the later calls' units included).
+    expect(await client.eval(CONSUME_SCRIPT, 1, ...callOf(SEQ))).toEqual([1, 3, 3]);
+    expect(await client.hmget(key, 'hc', 'dc')).toEqual(['3', '3']);
+  });
+
   it(`keeps at most ${RECEIPTS_KEPT} receipts of one instance in a counter, the newest`, async () => {
     const key = `${prefix}many${++run}`;
     const older = Array.from({ length: RECEIPTS_KEPT + 50 }, (_, i) => ({ seq: SEQ - 1 - i, units: 1 }));

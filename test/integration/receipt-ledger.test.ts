@@ -91,8 +91,22 @@ describe('ReceiptLedger: what it takes back', () => {
     expect(ledger.unsettled).toBe(0);
     // The new hour keeps its unit; the day gives back the call's three.
     expect(await counter(a)).toEqual([String(H + 3600), '1', String(D), '1', entry(1, 1, H + 3600)]);
-    expect(await counter(a, doubtful.field)).toEqual([String(H + 3600), '1', String(D), '1', '']);
-    expect(await counter(b, doubtful.field)).toEqual([String(H), '0', String(D), '0', '']);
+    // Its receipts stay, with no units: the call counts nothing should it run again (a Cluster's resend).
+    expect(await counter(a, doubtful.field)).toEqual([String(H + 3600), '1', String(D), '1', entry(doubtful.seq, 0)]);
+    expect(await counter(b, doubtful.field)).toEqual([String(H), '0', String(D), '0', entry(doubtful.seq, 0)]);
+    ledger.close();
+  });
+
+  it('leaves a call it took back nothing to count should the call run after all (on a Cluster, ioredis sends a command again by itself after its connection closed)', async () => {
+    const ledger = new ReceiptLedger(client);
+    const key = newKey();
+    const doubtful = ledger.issue();
+    await count(client, doubtful, [key, key]);
+    ledger.failed(doubtful, { keys: [key] }, connectionLost);
+    await ledger.reconcile();
+    expect((await counter(key, doubtful.field)).slice(0, 4)).toEqual([String(H), '0', String(D), '0']);
+    await count(client, doubtful, [key, key]);
+    expect(await counter(key, doubtful.field)).toEqual([String(H), '0', String(D), '0', entry(doubtful.seq, 0)]);
     ledger.close();
   });
 
@@ -110,7 +124,7 @@ describe('ReceiptLedger: what it takes back', () => {
       '1',
       String(D + 86_400),
       '1',
-      '',
+      entry(doubtful.seq, 0, H + 3600, D + 86_400),
     ]);
     ledger.close();
   });
@@ -332,7 +346,7 @@ describe('ReceiptLedger: when it reconciles', () => {
     await c.connect();
     await until(() => ledger.inDoubt === 0, 250);
     expect(ledger.inDoubt).toBe(0);
-    expect(await direct.hmget(key, 'hc', 'dc', receipt.field)).toEqual(['0', '0', '']);
+    expect(await direct.hmget(key, 'hc', 'dc', receipt.field)).toEqual(['0', '0', entry(receipt.seq, 0)]);
     ledger.close();
     direct.disconnect();
     c.disconnect();

@@ -3,12 +3,13 @@ import http from 'node:http';
 import calculateSlot from 'cluster-key-slot';
 import { Cluster, Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { createRedisClient, type RedisClient } from '../../src/redis/connection.js';
+import { clusterOptions, createRedisClient, type RedisClient } from '../../src/redis/connection.js';
 import { RedisCounterStore } from '../../src/redis/counter-store.js';
 import { startSandboxBridge, type SandboxBridge } from '../../src/sandbox/bridge.js';
 import { authHeader, startTestGateway, type TestGateway } from '../helpers/gateway.js';
 import { send } from '../helpers/http.js';
 import { startRedisCluster, type RedisCluster } from '../helpers/redis-cluster.js';
+import { startRedisProxy, type RedisProxy } from '../helpers/redis-proxy.js';
 import { uniquePrefix } from '../helpers/redis.js';
 import { describeCounterStore, request } from '../helpers/store-contract.js';
 
@@ -74,6 +75,43 @@ describe('RedisCounterStore on a Redis Cluster, with keys in many slots', () => 
     await store.merge(merged);
     for (const { keyHash } of merged)
       expect(await store.usage(keyHash, [{ counterId: row, hourStart, dayStart }])).toEqual([{ hour: 2, day: 3 }]);
+  });
+});
+
+describe('RedisCounterStore on a Redis Cluster, when a node connection closes before a script answers', () => {
+  it('counts the request once, though ioredis sends the script again by itself on the new connection (regression: it counted twice)', async () => {
+    // Every node behind a proxy of the test's own: the cluster names its nodes' real ports, which natMap maps.
+    const proxies = await Promise.all(cluster.ports.map((port) => startRedisProxy(port)));
+    const natMap = Object.fromEntries(
+      cluster.ports.map((port, i) => [`127.0.0.1:${port}`, { host: '127.0.0.1', port: proxies[i]?.port ?? 0 }]),
+    );
+    const proxied = new Cluster(
+      proxies.map((p) => ({ host: '127.0.0.1', port: p.port })),
+      { ...clusterOptions(1000), natMap },
+    );
+    proxied.on('error', () => {});
+    const node = new Redis({ host: '127.0.0.1', port: cluster.ports[0], maxRetriesPerRequest: 1 });
+    try {
+      await proxied.connect();
+      const store = new RedisCounterStore(proxied, storePrefix);
+      const keyHash = `resent-${Date.now().toString(36)}`;
+      const key = store.counterKey(keyHash, request().counterId);
+      const slot = calculateSlot(key);
+      const owner = (await slotOwners(node)).find((r) => slot >= r.start && slot <= r.end)?.port;
+      const proxy = proxies[cluster.ports.indexOf(owner as number)] as RedisProxy;
+
+      expect(await store.consume(request({ keyHash }))).toEqual({ allowed: true, hour: 1, day: 1 });
+      proxy.loseNextReply();
+      // The script runs, its reply is lost with the connection, and ioredis runs it again: one unit.
+      expect(await store.consume(request({ keyHash }))).toEqual({ allowed: true, hour: 2, day: 2 });
+      expect(proxy.lost).toBe(1);
+      expect(await client.hmget(key, 'hc', 'dc')).toEqual(['2', '2']);
+      expect(await store.consume(request({ keyHash }))).toEqual({ allowed: true, hour: 3, day: 3 });
+    } finally {
+      node.disconnect();
+      proxied.disconnect();
+      await Promise.all(proxies.map((p) => p.close()));
+    }
   });
 });
 
