@@ -57,8 +57,8 @@ export class Callgrind {
     this.#options = options;
   }
 
-  /** valgrind in front of node. */
-  launcher(): Launcher {
+  /** valgrind in front of `program` (node, or redis-server: bench/script.ts). */
+  launcher(program: string = process.execPath): Launcher {
     return {
       command: 'valgrind',
       args: [
@@ -69,7 +69,7 @@ export class Callgrind {
         `--vgdb-prefix=${this.#vgdbPrefix()}`,
         `--callgrind-out-file=${join(this.#dir, `${this.#name}.out`)}`,
         ...this.#options,
-        process.execPath,
+        program,
       ],
       // Node starts some ten times slower under valgrind.
       startTimeoutMs: 180_000,

@@ -133,8 +133,8 @@ function canConnect(port: number): Promise<boolean> {
   });
 }
 
-/** A throw-away Redis: loopback only, no persistence. */
-export async function startRedis(dir: string): Promise<{ child: Child; url: string }> {
+/** A throw-away Redis: loopback only, no persistence; `launcher` puts e.g. valgrind in front of it. */
+export async function startRedis(dir: string, launcher?: Launcher): Promise<{ child: Child; url: string }> {
   const port = await freePort();
   const args = [
     '--port',
@@ -152,8 +152,13 @@ export async function startRedis(dir: string): Promise<{ child: Child; url: stri
     '--loglevel',
     'warning',
   ];
-  const child = register('redis-server', spawn('redis-server', args, { stdio: ['ignore', 'ignore', 'pipe'] }));
-  await waitFor('redis-server', () => canConnect(port), child, 5000);
+  const child = register(
+    'redis-server',
+    launcher
+      ? spawn(launcher.command, [...launcher.args, ...args], { stdio: ['ignore', 'ignore', 'pipe'] })
+      : spawn('redis-server', args, { stdio: ['ignore', 'ignore', 'pipe'] }),
+  );
+  await waitFor('redis-server', () => canConnect(port), child, launcher?.startTimeoutMs ?? 5000);
   return { child, url: `redis://127.0.0.1:${port}` };
 }
 

@@ -177,7 +177,7 @@ for i = 1, #KEYS do
     c = { hs = tonumber(v[1]), hc = tonumber(v[2]) or 0, ds = tonumber(v[3]), dc = tonumber(v[4]) or 0, rc = v[5] or '', tz = v[6] or nil, added = 0 }
     c.storedTz = c.tz
     -- When this call ran here before, the units of that run are all it counts. (Set only then: a
-    -- ninth field would make Lua grow every counter's table, some 4 % of the script's work.)
+    -- ninth field makes Lua rebuild the table larger, 3 % of Redis's work; docs/performance.md, change 15.)
     local rc, counted = receiptsKept(c.rc)
     c.rc = rc
     if counted then c.counted = counted end

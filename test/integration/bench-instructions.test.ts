@@ -5,8 +5,12 @@ import type { AddressInfo } from 'node:net';
 import os from 'node:os';
 import { join } from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
+import { Redis } from 'ioredis';
 import { Callgrind, summaryOf } from '../../bench/callgrind.js';
 import { sendExactly } from '../../bench/load.js';
+import { startRedis, stopChild } from '../../bench/processes.js';
+import { ScriptUnderCount } from '../../bench/script-calls.js';
+import * as countRules from '../../src/limits/count-rules.js';
 
 /**
  * `npm run bench:instructions` (bench/instructions.ts) divides callgrind's instruction counts by a
@@ -124,6 +128,46 @@ describe.skipIf(!hasValgrind)('Callgrind (needs valgrind)', () => {
       expect(() => callgrind.zero()).toThrow(/callgrind_control --zero/);
     } finally {
       child.kill('SIGKILL');
+    }
+  }, 120_000);
+});
+
+describe.skipIf(!hasValgrind)('bench:script (needs valgrind)', () => {
+  it("counts Redis's work for a build's consume script in proportion to the calls, and more per request for calls of fewer requests", async () => {
+    const callgrind = new Callgrind(tempDir, 'redis');
+    const server = await startRedis(tempDir, callgrind.launcher('redis-server'));
+    const client = new Redis(server.url, { maxRetriesPerRequest: 0 });
+    try {
+      callgrind.attach(server.child.pid);
+      const batched = new ScriptUnderCount(countRules, client, 'batched:', 21);
+      const alone = new ScriptUnderCount(countRules, client, 'alone:', 1);
+      for (const script of [batched, alone]) {
+        await script.load();
+        await script.send(10);
+      }
+      callgrind.start();
+      await batched.send(20);
+      const twenty = callgrind.dump(join(tempDir, 'script-20.callgrind')).mainThread / (20 * 21);
+      callgrind.zero();
+      await batched.send(40);
+      const forty = callgrind.dump(join(tempDir, 'script-40.callgrind')).mainThread / (40 * 21);
+      callgrind.zero();
+      await alone.send(40);
+      const one = callgrind.dump(join(tempDir, 'script-1.callgrind')).mainThread / 40;
+
+      expect(twenty).toBeGreaterThan(10_000);
+      // Per request, the same for twice the calls; a call of one request pays the whole call.
+      expect(forty / twenty).toBeGreaterThan(0.9);
+      expect(forty / twenty).toBeLessThan(1.1);
+      expect(one).toBeGreaterThan(1.5 * forty);
+      // Every request of every call was counted (and allowed) in Redis.
+      const counts = await Promise.all(
+        Array.from({ length: 64 }, (_, i) => client.hget(`batched:{bench-key-${i}}:quote`, 'hc')),
+      );
+      expect(counts.reduce((sum, hc) => sum + Number(hc ?? 0), 0)).toBe((10 + 20 + 40) * 21);
+    } finally {
+      client.disconnect();
+      await stopChild(server.child, 30_000);
     }
   }, 120_000);
 });
