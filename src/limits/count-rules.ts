@@ -209,7 +209,7 @@ for i = 1, #KEYS do
       if moved then
         c.hs, c.ds, c.newDay = hs, ds, true
       else
-        if not c.hs or c.hs < hs then c.hs = hs end
+        if not c.hs or c.hs < hs then c.hs = hs; c.newHour = true end
         if not c.ds or c.ds < ds then c.ds = ds; c.newDay = true end
       end
       if zone ~= '' then c.tz = zone end
@@ -234,8 +234,11 @@ for _, key in ipairs(order) do
     -- One write; the zone only when it changed (a new table's zone, or a counter's first).
     if c.tz ~= c.storedTz then
       redis.call('HSET', key, 'hs', hsOut, 'hc', c.hc, 'ds', dsOut, 'dc', c.dc, field, rc, 'tz', c.tz)
-    else
+    elseif c.newHour or c.newDay then
       redis.call('HSET', key, 'hs', hsOut, 'hc', c.hc, 'ds', dsOut, 'dc', c.dc, field, rc)
+    else
+      -- Neither window moved: only what changed.
+      redis.call('HSET', key, 'hc', c.hc, 'dc', c.dc, field, rc)
     end
     if c.newDay then redis.call('PEXPIREAT', key, expireAt) end
   elseif c.moved then
