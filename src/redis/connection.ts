@@ -42,7 +42,13 @@ export function clusterOptions(commandTimeoutMs: number): ClusterOptions {
     enableAutoPipelining: false,
     lazyConnect: true,
     clusterRetryStrategy: reconnectDelay,
-    redisOptions: commonOptions(commandTimeoutMs),
+    // ioredis sends a command again when its node's connection closed, also one that ran and whose
+    // reply was lost, and also after the command has failed (timed out) and its units were taken
+    // back: never (docs/operations.md "Redis": no unit is counted twice).
+    retryDelayOnFailover: 0,
+    // Without that retry, a command for a node whose connection is still opening fails, so node
+    // connections open as soon as the cluster knows its nodes (and connectWithin waits for them).
+    redisOptions: { ...commonOptions(commandTimeoutMs), lazyConnect: false },
   };
 }
 
@@ -81,23 +87,29 @@ export function isReady(client: RedisClient): boolean {
   return client.status === 'ready';
 }
 
-/** Connects, waiting at most `timeoutMs`; a Redis that is down at start-up is not fatal (it reconnects by itself). */
+/**
+ * Connects, waiting at most `timeoutMs` (not at all once the connection is refused); a Redis that
+ * is down at start-up is not fatal (it reconnects by itself). On a Cluster, until the connection
+ * to every master is ready too. Readiness is polled: a Cluster whose ready check fails reconnects
+ * by itself and never settles the promise connect() returned.
+ */
 export async function connectWithin(client: RedisClient, timeoutMs: number): Promise<boolean> {
-  if (client.status === 'ready') return true;
-  const connecting = client.status === 'wait' ? client.connect() : waitForReady(client);
-  let timer: NodeJS.Timeout | undefined;
-  const timeout = new Promise<false>((resolve) => {
-    timer = setTimeout(() => resolve(false), timeoutMs);
-  });
-  try {
-    return await Promise.race([connecting.then(() => true), timeout]);
-  } catch {
-    return false;
-  } finally {
-    clearTimeout(timer);
+  let refused = false;
+  if (client.status === 'wait')
+    client.connect().catch(() => {
+      refused = true;
+    });
+  const deadline = Date.now() + timeoutMs;
+  for (;;) {
+    if (connected(client)) return true;
+    if (refused || Date.now() >= deadline) return false;
+    await new Promise((resolve) => setTimeout(resolve, 10));
   }
 }
 
-function waitForReady(client: RedisClient): Promise<void> {
-  return new Promise((resolve) => client.once('ready', () => resolve()));
+function connected(client: RedisClient): boolean {
+  if (client.status !== 'ready') return false;
+  if (!(client instanceof Cluster)) return true;
+  const masters = client.nodes('master');
+  return masters.length > 0 && masters.every((node) => node.status === 'ready');
 }

@@ -13,9 +13,9 @@ import { toStoreError } from './errors.js';
  * as `seq:units:hourStart:dayStart` in the instance's own field of each counter it added to (the
  * windows the units went in); the ledger takes back the units of every receipt it never heard
  * about — at once after a timeout, otherwise as soon as Redis answers again, and always on the
- * same connection, so after the doubtful call if that ever runs. (On a Cluster ioredis may send
- * the call again on a new connection, after the undo: the undo leaves the receipt with no units,
- * and the script counts nothing for a call whose receipt it already holds.)
+ * same connection, so after the doubtful call if that ever runs. A call is never sent twice
+ * (redis/connection.ts), and should one run again after its undo all the same, the undo left its
+ * receipt with no units, and the script counts nothing for a call whose receipt it holds.
  *
  * A call is unsettled from the moment it is sent until it is answered, or, in doubt, until its
  * units were taken back; each call tells the script the oldest unsettled one, and the script
@@ -27,10 +27,9 @@ import { toStoreError } from './errors.js';
 
 /**
  * Takes back the units a call added to a counter, if (and only if) its receipt is recorded there,
- * and leaves the receipt with no units, so a second undo takes nothing, and neither does the call
- * itself should it run again afterwards (on a Cluster, ioredis sends a command again by itself
- * when its connection closed: the consume script then counts nothing for a call it holds a
- * receipt of). ARGV: the receipt's field and sequence number. The receipt names the windows the
+ * and leaves the receipt with no units, so a second undo takes nothing, and the call itself counts
+ * nothing should it ever run afterwards (the consume script knows a call it holds a receipt of).
+ * ARGV: the receipt's field and sequence number. The receipt names the windows the
  * units went in: a window the counter has left since keeps its count.
  */
 const UNDO_SCRIPT = `

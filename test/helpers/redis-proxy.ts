@@ -12,19 +12,30 @@ export interface RedisProxy {
   readonly url: string;
   readonly port: number;
   loseReplies: boolean;
-  /** Loses the next reply only, as `loseReplies` does, and passes the ones after it. */
-  loseNextReply(): void;
+  /**
+   * The next command any client sends is lost: swallowed before Redis sees it (`'request'`), or
+   * run by Redis with its reply swallowed (`'reply'`); that connection carries nothing more and
+   * closes `closeAfterMs` later. Commands after it, on other connections, pass.
+   */
+  failNextCommand(lost: 'request' | 'reply', closeAfterMs?: number): void;
   delayRepliesMs: number;
-  /** Connections closed because a reply was lost. */
+  /** Connections closed because a command or a reply was lost. */
   readonly lost: number;
   close(): Promise<void>;
 }
 
 export async function startRedisProxy(redisPort: number): Promise<RedisProxy> {
   const sockets = new Set<net.Socket>();
-  const state = { loseReplies: false, loseNext: false, delayRepliesMs: 0, lost: 0 };
+  const state = {
+    loseReplies: false,
+    next: undefined as { lost: 'request' | 'reply'; closeAfterMs: number } | undefined,
+    delayRepliesMs: 0,
+    lost: 0,
+  };
   const server = net.createServer((client) => {
     const upstream = net.connect(redisPort, '127.0.0.1');
+    /** This connection lost a command: it carries nothing more until it closes. */
+    let failed = false;
     for (const s of [client, upstream]) {
       sockets.add(s);
       s.on('close', () => sockets.delete(s));
@@ -32,10 +43,25 @@ export async function startRedisProxy(redisPort: number): Promise<RedisProxy> {
     }
     client.on('close', () => upstream.destroy());
     upstream.on('close', () => client.destroy());
-    client.on('data', (chunk: Buffer) => upstream.write(chunk));
+    client.on('data', (chunk: Buffer) => {
+      if (failed) return;
+      const next = state.next;
+      if (next) {
+        state.next = undefined;
+        state.lost++;
+        failed = true;
+        if (next.lost === 'reply') upstream.write(chunk);
+        setTimeout(() => {
+          client.destroy();
+          upstream.destroy();
+        }, next.closeAfterMs);
+        return;
+      }
+      upstream.write(chunk);
+    });
     upstream.on('data', (chunk: Buffer) => {
-      if (state.loseReplies || state.loseNext) {
-        state.loseNext = false;
+      if (failed) return;
+      if (state.loseReplies) {
         state.lost++;
         client.destroy();
         upstream.destroy();
@@ -50,8 +76,8 @@ export async function startRedisProxy(redisPort: number): Promise<RedisProxy> {
   return {
     url: `redis://127.0.0.1:${port}`,
     port,
-    loseNextReply() {
-      state.loseNext = true;
+    failNextCommand(lost, closeAfterMs = 0) {
+      state.next = { lost, closeAfterMs };
     },
     get loseReplies() {
       return state.loseReplies;

@@ -3,8 +3,9 @@ import http from 'node:http';
 import calculateSlot from 'cluster-key-slot';
 import { Cluster, Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { clusterOptions, createRedisClient, type RedisClient } from '../../src/redis/connection.js';
+import { clusterOptions, connectWithin, createRedisClient, type RedisClient } from '../../src/redis/connection.js';
 import { RedisCounterStore } from '../../src/redis/counter-store.js';
+import { StoreUnavailableError, type Counts } from '../../src/limits/store.js';
 import { startSandboxBridge, type SandboxBridge } from '../../src/sandbox/bridge.js';
 import { authHeader, startTestGateway, type TestGateway } from '../helpers/gateway.js';
 import { send } from '../helpers/http.js';
@@ -30,7 +31,7 @@ beforeAll(async () => {
     commandTimeoutMs: 1000,
   });
   client.on('error', () => {});
-  await client.connect();
+  await connectWithin(client, 10_000);
 }, 30_000);
 
 afterAll(async () => {
@@ -78,41 +79,66 @@ describe('RedisCounterStore on a Redis Cluster, with keys in many slots', () => 
   });
 });
 
-describe('RedisCounterStore on a Redis Cluster, when a node connection closes before a script answers', () => {
-  it('counts the request once, though ioredis sends the script again by itself on the new connection (regression: it counted twice)', async () => {
-    // Every node behind a proxy of the test's own: the cluster names its nodes' real ports, which natMap maps.
-    const proxies = await Promise.all(cluster.ports.map((port) => startRedisProxy(port)));
-    const natMap = Object.fromEntries(
-      cluster.ports.map((port, i) => [`127.0.0.1:${port}`, { host: '127.0.0.1', port: proxies[i]?.port ?? 0 }]),
-    );
-    const proxied = new Cluster(
-      proxies.map((p) => ({ host: '127.0.0.1', port: p.port })),
-      { ...clusterOptions(1000), natMap },
-    );
-    proxied.on('error', () => {});
-    const node = new Redis({ host: '127.0.0.1', port: cluster.ports[0], maxRetriesPerRequest: 1 });
-    try {
-      await proxied.connect();
-      const store = new RedisCounterStore(proxied, storePrefix);
-      const keyHash = `resent-${Date.now().toString(36)}`;
-      const key = store.counterKey(keyHash, request().counterId);
-      const slot = calculateSlot(key);
-      const owner = (await slotOwners(node)).find((r) => slot >= r.start && slot <= r.end)?.port;
-      const proxy = proxies[cluster.ports.indexOf(owner as number)] as RedisProxy;
+describe('RedisCounterStore on a Redis Cluster, when a node connection closes during a script call', () => {
+  /** REDIS_TIMEOUT_MS's default. */
+  const TIMEOUT_MS = 200;
+  it.each([
+    ['the script ran and its reply was lost, the connection closing at once', 'reply', 0],
+    ['the script ran and its reply was lost, the connection closing 150 ms into the call', 'reply', 150],
+    ['the script never reached Redis, the connection closing 150 ms into the call', 'request', 150],
+  ] as const)(
+    'counts the failed call nowhere and never runs it again, while the counter goes on counting: %s (regression: ioredis sent it again by itself, after its units were taken back)',
+    async (_case, lost, closeAfterMs) => {
+      // Every node behind a proxy of the test's own: the cluster names its nodes' real ports, which natMap maps.
+      const proxies = await Promise.all(cluster.ports.map((port) => startRedisProxy(port)));
+      const natMap = Object.fromEntries(
+        cluster.ports.map((port, i) => [`127.0.0.1:${port}`, { host: '127.0.0.1', port: proxies[i]?.port ?? 0 }]),
+      );
+      const proxied = new Cluster(
+        proxies.map((p) => ({ host: '127.0.0.1', port: p.port })),
+        { ...clusterOptions(TIMEOUT_MS), natMap },
+      );
+      proxied.on('error', () => {});
+      const node = new Redis({ host: '127.0.0.1', port: cluster.ports[0], maxRetriesPerRequest: 1 });
+      try {
+        expect(await connectWithin(proxied, 5000)).toBe(true);
+        const store = new RedisCounterStore(proxied, storePrefix);
+        const keyHash = `lost-${lost}-${closeAfterMs}-${Date.now().toString(36)}`;
+        const key = store.counterKey(keyHash, request().counterId);
+        const slot = calculateSlot(key);
+        const owner = (await slotOwners(node)).find((r) => slot >= r.start && slot <= r.end)?.port;
+        const proxy = proxies[cluster.ports.indexOf(owner as number)] as RedisProxy;
+        const consume = (): Promise<Counts> => store.consume(request({ keyHash, hourLimit: 100, dayLimit: 100 }));
 
-      expect(await store.consume(request({ keyHash }))).toEqual({ allowed: true, hour: 1, day: 1 });
-      proxy.loseNextReply();
-      // The script runs, its reply is lost with the connection, and ioredis runs it again: one unit.
-      expect(await store.consume(request({ keyHash }))).toEqual({ allowed: true, hour: 2, day: 2 });
-      expect(proxy.lost).toBe(1);
-      expect(await client.hmget(key, 'hc', 'dc')).toEqual(['2', '2']);
-      expect(await store.consume(request({ keyHash }))).toEqual({ allowed: true, hour: 3, day: 3 });
-    } finally {
-      node.disconnect();
-      proxied.disconnect();
-      await Promise.all(proxies.map((p) => p.close()));
-    }
-  });
+        expect(await consume()).toEqual({ allowed: true, hour: 1, day: 1 });
+        proxy.failNextCommand(lost, closeAfterMs);
+        await expect(consume()).rejects.toBeInstanceOf(StoreUnavailableError);
+        expect(proxy.lost).toBe(1);
+        // The same counter keeps counting, one call every 10 ms (some fail while the node's connection opens again).
+        let allowed = 0;
+        for (let i = 0; i < 20; i++) {
+          if (
+            await consume().then(
+              (c) => c.allowed,
+              () => false,
+            )
+          )
+            allowed++;
+          await new Promise((r) => setTimeout(r, 10));
+        }
+        // Past any retry ioredis would make (100 ms after a connection closes, by default), and the undos.
+        await new Promise((r) => setTimeout(r, 600));
+        await store.reconcile();
+        expect(allowed).toBeGreaterThan(0);
+        expect(await client.hget(key, 'hc')).toBe(String(1 + allowed));
+      } finally {
+        node.disconnect();
+        proxied.disconnect();
+        await Promise.all(proxies.map((p) => p.close()));
+      }
+    },
+    15_000,
+  );
 });
 
 const LIMITS = `
