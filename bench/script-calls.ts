@@ -23,6 +23,9 @@ export class ScriptUnderCount {
   readonly #batch: number;
   #sha = '';
   #seq = 0;
+  /** Every call counts in the same windows, whatever the clock does meanwhile (a run across an hour's end counts the same). */
+  readonly #hourStart = Math.floor(Date.now() / 3_600_000) * 3600;
+  readonly #dayStart = this.#hourStart - (this.#hourStart % 86_400);
 
   constructor(rules: CountRules, redis: Redis, prefix: string, batch: number) {
     this.#rules = rules;
@@ -37,8 +40,8 @@ export class ScriptUnderCount {
 
   /** `count` calls, one after the other; fails unless every request of every call was allowed. */
   async send(count: number): Promise<void> {
-    const hourStart = Math.floor(Date.now() / 3_600_000) * 3600;
-    const dayStart = hourStart - (hourStart % 86_400);
+    const hourStart = this.#hourStart;
+    const dayStart = this.#dayStart;
     for (let call = 0; call < count; call++) {
       const seq = ++this.#seq;
       const items = Array.from({ length: this.#batch }, (_, i) => ({

@@ -122,9 +122,10 @@ export interface Receipt {
  * may need it, and no other instance's calls touch it. A counter records the zone of its windows
  * (`tz`), and a refused request still moves it to another zone's bounds. A new day sets the
  * counter's expiry, which takes every field with it. A call that finds its own receipt in a counter
- * already ran there (on a Cluster ioredis sends a command again after its connection closed, and
- * an undo leaves a receipt with no units): it counts nothing there, and its requests get the
- * first run's answers, with the counter's counts as they are now.
+ * already ran there (the gateway's Redis clients never send a command twice, redis/connection.ts,
+ * and an undo leaves a receipt with no units; this holds should one ever run twice all the same):
+ * it counts nothing there, and its requests get the first run's answers, with the counter's counts
+ * as they are now.
  */
 export const CONSUME_SCRIPT = `
 local hsText, dsText = ARGV[1], ARGV[2]
@@ -137,21 +138,27 @@ local seq = ARGV[6]
 local oldest = tonumber(ARGV[7])
 local zone = ARGV[8]
 local seqNumber = tonumber(seq)
--- Of a counter's receipts of this instance (newest first), those that stay: from the oldest
--- unsettled call on, RECEIPTS_KEPT with this call's at most. And, when this very call ran here
--- before (ioredis sent it again after its reply was lost, or it was taken back since), the units
--- its receipt records, which is among those as the call is unsettled; nil when it did not.
+-- Of a counter's receipts of this instance (newest first), those that stay: those of calls from
+-- the oldest unsettled one on, RECEIPTS_KEPT with this call's at most. (Newest first is the order
+-- they ran in, which is nearly always the order they were sent in; a call redirected on a Cluster
+-- may run behind later ones, so an older receipt can sit between two that stay.) And, when this
+-- very call ran here before (run twice, or taken back since), the units its receipt records,
+-- which is among those as the call is unsettled; nil when it did not.
 local function receiptsKept(rc)
-  local keep, counted = 0, nil
+  local keep, kept, counted, from = 0, nil, nil, 1
   for _ = 2, ${RECEIPTS_KEPT} do
-    local colon = string.find(rc, ':', keep + 1, true)
+    local colon = string.find(rc, ':', from, true)
     if not colon then break end
-    local n = tonumber(string.sub(rc, keep + 1, colon - 1))
-    if n < oldest then break end
-    if n == seqNumber then counted = tonumber(string.match(rc, '^%d+', colon + 1)) end
-    keep = string.find(rc, ',', colon, true)
+    local stop = string.find(rc, ',', colon, true)
+    local n = tonumber(string.sub(rc, from, colon - 1))
+    if n >= oldest then
+      if n == seqNumber then counted = tonumber(string.match(rc, '^%d+', colon + 1)) end
+      if from == keep + 1 then keep = stop else kept = (kept or string.sub(rc, 1, keep)) .. string.sub(rc, from, stop) end
+    end
+    if stop == #rc then break end
+    from = stop + 1
   end
-  return string.sub(rc, 1, keep), counted
+  return kept or string.sub(rc, 1, keep), counted
 end
 -- A request of a call that already ran on this counter: the first run's answer, counting nothing.
 -- A row's requests are all shadow (force) or none, so the allowed ones were the first c.counted.
