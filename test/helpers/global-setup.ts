@@ -1,17 +1,23 @@
 import { execFileSync } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { chmodSync } from 'node:fs';
+import { chmodSync, mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
 import { Redis } from 'ioredis';
 
 /**
  * Before any test: build `dist/` from the current sources (tests that start the gateway as a
  * process run what `npm start` runs), and make sure the Redis the suite talks to answers.
  * Every key the run writes there starts with `test:<run>:` (helpers/redis.ts uniquePrefix);
- * after the run they are deleted, and a run going on beside it keeps its own.
+ * after the run they are deleted, and a run going on beside it keeps its own. The redis-servers
+ * tests start of their own and leave running (a test that failed before stopping its own) are
+ * killed after the run (helpers/redis.ts spawnRedis).
  */
 export default async function setup(): Promise<() => Promise<void>> {
   const run = randomBytes(4).toString('hex');
   process.env.OAPI_TEST_RUN = run;
+  const redisPids = mkdtempSync(join(tmpdir(), 'oapi-test-redis-pids-'));
+  process.env.OAPI_TEST_REDIS_PIDS = redisPids;
   execFileSync(process.execPath, ['node_modules/typescript/bin/tsc', '-p', 'tsconfig.build.json'], {
     stdio: 'inherit',
   });
@@ -28,6 +34,7 @@ export default async function setup(): Promise<() => Promise<void>> {
     redis.disconnect();
   }
   return async function teardown() {
+    killLeftRedisServers(redisPids);
     const client = new Redis(url, { maxRetriesPerRequest: 1 });
     try {
       let cursor = '0';
@@ -41,4 +48,17 @@ export default async function setup(): Promise<() => Promise<void>> {
       client.disconnect();
     }
   };
+}
+
+/** Kills each redis-server named in `dir` that still runs (by PID, after checking it is one), and removes `dir`. */
+function killLeftRedisServers(dir: string): void {
+  for (const name of readdirSync(dir)) {
+    const pid = Number(name);
+    try {
+      if (readFileSync(`/proc/${pid}/cmdline`, 'utf8').startsWith('redis-server')) process.kill(pid, 'SIGKILL');
+    } catch {
+      // Gone already.
+    }
+  }
+  rmSync(dir, { recursive: true, force: true });
 }

@@ -1,6 +1,6 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { randomBytes } from 'node:crypto';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import net from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -161,6 +161,20 @@ export function portTaken(output: string): boolean {
  * process (not by another test's Redis there), `exited` when it ended first, `timeout` after
  * `timeoutMs`. What it printed is kept for the error message.
  */
+/**
+ * Each redis-server started here is named by a file in the run's directory of them (set by the
+ * global setup) until it exits: the run's teardown kills those still there, so that a test failing
+ * before it stops its own leaves no server behind (the test process itself ends without its
+ * 'exit' event).
+ */
+function stopAfterTheRun(child: ChildProcess): void {
+  const dir = process.env.OAPI_TEST_REDIS_PIDS;
+  if (!dir || child.pid === undefined) return;
+  const file = join(dir, String(child.pid));
+  writeFileSync(file, '');
+  child.once('exit', () => rmSync(file, { force: true }));
+}
+
 export async function spawnRedis(
   port: number,
   dir: string,
@@ -171,6 +185,7 @@ export async function spawnRedis(
   const child = spawn('redis-server', [...common, '--loglevel', 'warning', ...args], {
     stdio: ['ignore', 'pipe', 'pipe'],
   });
+  stopAfterTheRun(child);
   let output = '';
   child.stdout?.on('data', (c: Buffer) => (output += c.toString()));
   child.stderr?.on('data', (c: Buffer) => (output += c.toString()));
