@@ -44,11 +44,13 @@ export function clusterOptions(commandTimeoutMs: number): ClusterOptions {
     clusterRetryStrategy: reconnectDelay,
     // ioredis sends a command again when its node's connection closed, also one that ran and whose
     // reply was lost, and also after the command has failed (timed out) and its units were taken
-    // back: never (docs/operations.md "Redis": no unit is counted twice).
+    // back: never (docs/operations.md "Redis": no unit is counted twice). Without that retry a
+    // command for a node whose connection is still opening fails (a node not yet connecting takes
+    // it), so connectWithin opens every master's connection before the gateway serves.
     retryDelayOnFailover: 0,
-    // Without that retry, a command for a node whose connection is still opening fails, so node
-    // connections open as soon as the cluster knows its nodes (and connectWithin waits for them).
-    redisOptions: { ...commonOptions(commandTimeoutMs), lazyConnect: false },
+    // Node connections stay lazy: ioredis's ready check fails on a node still connecting, and
+    // eager ones made it reconnect over and over.
+    redisOptions: commonOptions(commandTimeoutMs),
   };
 }
 
@@ -107,9 +109,13 @@ export async function connectWithin(client: RedisClient, timeoutMs: number): Pro
   }
 }
 
+/** Ready to count: on a Cluster, every master's connection too (this opens those not opened yet). */
 function connected(client: RedisClient): boolean {
   if (client.status !== 'ready') return false;
   if (!(client instanceof Cluster)) return true;
   const masters = client.nodes('master');
-  return masters.length > 0 && masters.every((node) => node.status === 'ready');
+  for (const node of masters) if (node.status === 'wait') node.connect().catch(() => {});
+  // Every master the slot map names has a ready connection (a master that is down has none).
+  const named = new Set(client.slots.map((nodes) => nodes[0]).filter((key) => key !== undefined));
+  return named.size > 0 && masters.length >= named.size && masters.every((node) => node.status === 'ready');
 }

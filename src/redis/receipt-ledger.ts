@@ -12,10 +12,12 @@ import { toStoreError } from './errors.js';
  * carries a receipt from this ledger, which the consume script (limits/count-rules.ts) records
  * as `seq:units:hourStart:dayStart` in the instance's own field of each counter it added to (the
  * windows the units went in); the ledger takes back the units of every receipt it never heard
- * about — at once after a timeout, otherwise as soon as Redis answers again, and always on the
- * same connection, so after the doubtful call if that ever runs. A call is never sent twice
+ * about — at once after a timeout, otherwise as soon as Redis answers again; on a single Redis on
+ * the same connection, so after the doubtful call if that ever runs. A call is never sent twice
  * (redis/connection.ts), and should one run again after its undo all the same, the undo left its
- * receipt with no units, and the script counts nothing for a call whose receipt it holds.
+ * receipt with no units, and the script counts nothing for a call whose receipt it holds. (On a
+ * Cluster that is resharding, a timed-out call redirected to its slot's new node can still run
+ * there after its undo: docs/operations.md "Redis".)
  *
  * A call is unsettled from the moment it is sent until it is answered, or, in doubt, until its
  * units were taken back; each call tells the script the oldest unsettled one, and the script

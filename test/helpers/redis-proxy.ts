@@ -18,6 +18,8 @@ export interface RedisProxy {
    * closes `closeAfterMs` later. Commands after it, on other connections, pass.
    */
   failNextCommand(lost: 'request' | 'reply', closeAfterMs?: number): void;
+  /** From now on, how often `marker` passes to Redis (not counting a command failNextCommand loses). */
+  countForwarded(marker: string): () => number;
   delayRepliesMs: number;
   /** Connections closed because a command or a reply was lost. */
   readonly lost: number;
@@ -31,6 +33,7 @@ export async function startRedisProxy(redisPort: number): Promise<RedisProxy> {
     next: undefined as { lost: 'request' | 'reply'; closeAfterMs: number } | undefined,
     delayRepliesMs: 0,
     lost: 0,
+    markers: [] as Array<{ needle: Buffer; count: number }>,
   };
   const server = net.createServer((client) => {
     const upstream = net.connect(redisPort, '127.0.0.1');
@@ -57,6 +60,9 @@ export async function startRedisProxy(redisPort: number): Promise<RedisProxy> {
         }, next.closeAfterMs);
         return;
       }
+      for (const marker of state.markers)
+        for (let at = chunk.indexOf(marker.needle); at !== -1; at = chunk.indexOf(marker.needle, at + 1))
+          marker.count++;
       upstream.write(chunk);
     });
     upstream.on('data', (chunk: Buffer) => {
@@ -78,6 +84,11 @@ export async function startRedisProxy(redisPort: number): Promise<RedisProxy> {
     port,
     failNextCommand(lost, closeAfterMs = 0) {
       state.next = { lost, closeAfterMs };
+    },
+    countForwarded(text) {
+      const marker = { needle: Buffer.from(text), count: 0 };
+      state.markers.push(marker);
+      return () => marker.count;
     },
     get loseReplies() {
       return state.loseReplies;

@@ -5,6 +5,7 @@ import { Cluster, Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { clusterOptions, connectWithin, createRedisClient, type RedisClient } from '../../src/redis/connection.js';
 import { RedisCounterStore } from '../../src/redis/counter-store.js';
+import { CONSUME_SCRIPT } from '../../src/limits/count-rules.js';
 import { StoreUnavailableError, type Counts } from '../../src/limits/store.js';
 import { startSandboxBridge, type SandboxBridge } from '../../src/sandbox/bridge.js';
 import { authHeader, startTestGateway, type TestGateway } from '../helpers/gateway.js';
@@ -79,6 +80,9 @@ describe('RedisCounterStore on a Redis Cluster, with keys in many slots', () => 
   });
 });
 
+const CONSUME_SHA = createHash('sha1').update(CONSUME_SCRIPT).digest('hex');
+const CONSUME_FIRST_LINE = CONSUME_SCRIPT.trim().split('\n')[0] as string;
+
 describe('RedisCounterStore on a Redis Cluster, when a node connection closes during a script call', () => {
   /** REDIS_TIMEOUT_MS's default. */
   const TIMEOUT_MS = 200;
@@ -87,7 +91,7 @@ describe('RedisCounterStore on a Redis Cluster, when a node connection closes du
     ['the script ran and its reply was lost, the connection closing 150 ms into the call', 'reply', 150],
     ['the script never reached Redis, the connection closing 150 ms into the call', 'request', 150],
   ] as const)(
-    'counts the failed call nowhere and never runs it again, while the counter goes on counting: %s (regression: ioredis sent it again by itself, after its units were taken back)',
+    'counts the failed call nowhere and never sends it again, while the counter goes on counting: %s (regression: ioredis sent it again by itself, after its units were taken back)',
     async (_case, lost, closeAfterMs) => {
       // Every node behind a proxy of the test's own: the cluster names its nodes' real ports, which natMap maps.
       const proxies = await Promise.all(cluster.ports.map((port) => startRedisProxy(port)));
@@ -111,6 +115,10 @@ describe('RedisCounterStore on a Redis Cluster, when a node connection closes du
         const consume = (): Promise<Counts> => store.consume(request({ keyHash, hourLimit: 100, dayLimit: 100 }));
 
         expect(await consume()).toEqual({ allowed: true, hour: 1, day: 1 });
+        // A consume call is sent as EVALSHA, or as EVAL with the script on a new connection (ioredis).
+        const bySha = proxy.countForwarded(CONSUME_SHA);
+        const byText = proxy.countForwarded(CONSUME_FIRST_LINE);
+        const consumeRuns = (): number => bySha() + byText();
         proxy.failNextCommand(lost, closeAfterMs);
         await expect(consume()).rejects.toBeInstanceOf(StoreUnavailableError);
         expect(proxy.lost).toBe(1);
@@ -131,6 +139,8 @@ describe('RedisCounterStore on a Redis Cluster, when a node connection closes du
         await store.reconcile();
         expect(allowed).toBeGreaterThan(0);
         expect(await client.hget(key, 'hc')).toBe(String(1 + allowed));
+        // The lost call never reached Redis again: every consume that did was answered.
+        expect(consumeRuns()).toBe(allowed);
       } finally {
         node.disconnect();
         proxied.disconnect();
