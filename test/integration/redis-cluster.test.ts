@@ -80,6 +80,23 @@ describe('RedisCounterStore on a Redis Cluster, with keys in many slots', () => 
   });
 });
 
+describe('the Cluster client', () => {
+  it('gets ready and counts through a seed address the cluster does not announce, a load balancer in front of it (regression: with node connections opened at once, its ready check failed again and again)', async () => {
+    const seed = await startRedisProxy(cluster.ports[0] as number);
+    const viaSeed = new Cluster([{ host: '127.0.0.1', port: seed.port }], clusterOptions(1000));
+    viaSeed.on('error', () => {});
+    try {
+      expect(await connectWithin(viaSeed, 5000)).toBe(true);
+      const store = new RedisCounterStore(viaSeed, storePrefix);
+      const keyHash = `seed-${Date.now().toString(36)}`;
+      expect(await store.consume(request({ keyHash }))).toEqual({ allowed: true, hour: 1, day: 1 });
+    } finally {
+      viaSeed.disconnect();
+      await seed.close();
+    }
+  });
+});
+
 const CONSUME_SHA = createHash('sha1').update(CONSUME_SCRIPT).digest('hex');
 const CONSUME_FIRST_LINE = CONSUME_SCRIPT.trim().split('\n')[0] as string;
 
