@@ -70,6 +70,11 @@ export function fileNameOf(ref: string): string {
   return ref.replace(/[^\w.-]+/g, '_');
 }
 
+/** The builds' labels as reports name them: a label given twice (an A/A run) is the second time labelled with its position. */
+export function distinctLabels(given: readonly string[]): string[] {
+  return given.map((label, i) => (given.indexOf(label) === i ? label : `${label}#${i + 1}`));
+}
+
 /** One build under test: a ref, and the node flags and environment its processes run with. */
 export interface Variant {
   readonly ref: string;

@@ -3,7 +3,14 @@ import { existsSync, mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import { join } from 'node:path';
 import { buildOf } from './builds.js';
-import { parseVariants, roundOrder, summariseBuilds, type ProcessSamples, type Variant } from './ab-stats.js';
+import {
+  distinctLabels,
+  parseVariants,
+  roundOrder,
+  summariseBuilds,
+  type ProcessSamples,
+  type Variant,
+} from './ab-stats.js';
 import { intKnob, reportFailure } from './knobs.js';
 import { mean } from './stats.js';
 import { writeBenchLimits } from './limits.js';
@@ -84,7 +91,7 @@ async function main(): Promise<void> {
   });
   // A build given twice (an A/A run) is two builds: the second is labelled with its position.
   const given = variants.map((v) => v.label);
-  const labels = given.map((label, i) => (given.indexOf(label) === i ? label : `${label}#${i + 1}`));
+  const labels = distinctLabels(given);
   const entries = variants.map((v, i) => ({ ...v, ref: labels[i] as string, main: buildOf(v.ref, i) }));
   for (const { ref, main } of entries) if (!existsSync(main)) throw new Error(`${ref}: no build at ${main}`);
 

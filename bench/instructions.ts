@@ -1,7 +1,7 @@
 import { copyFileSync, existsSync, mkdirSync, mkdtempSync, renameSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import { join, relative } from 'node:path';
-import { fileNameOf, parseVariants, type Variant } from './ab-stats.js';
+import { distinctLabels, fileNameOf, parseVariants, type Variant } from './ab-stats.js';
 import { buildOf } from './builds.js';
 import { Callgrind, callgrindOptions, medianWindow, type InstructionCount } from './callgrind.js';
 import { BARE, FLOOR, instructionTable, type Counted } from './instructions-report.js';
@@ -117,10 +117,10 @@ async function main(): Promise<void> {
   const argv = process.argv.slice(2);
   const variants: Variant[] =
     argv.length === 0 ? [{ ref: '.', nodeArgs: [], env: {}, label: '.' }] : parseVariants(argv);
-  const given = variants.map((v) => v.label);
+  const labels = distinctLabels(variants.map((v) => v.label));
   const builds = variants.map((v, i) => ({
     ...v,
-    label: `gateway ${given.indexOf(v.label) === i ? v.label : `${v.label}#${i + 1}`}`,
+    label: `gateway ${labels[i] as string}`,
     main: buildOf(v.ref, i),
   }));
   for (const { label, main } of builds) if (!existsSync(main)) throw new Error(`${label}: no build at ${main}`);

@@ -152,12 +152,8 @@ export async function startRedis(dir: string, launcher?: Launcher): Promise<{ ch
     '--loglevel',
     'warning',
   ];
-  const child = register(
-    'redis-server',
-    launcher
-      ? spawn(launcher.command, [...launcher.args, ...args], { stdio: ['ignore', 'ignore', 'pipe'] })
-      : spawn('redis-server', args, { stdio: ['ignore', 'ignore', 'pipe'] }),
-  );
+  const [command, before] = launcher ? [launcher.command, launcher.args] : ['redis-server', []];
+  const child = register('redis-server', spawn(command, [...before, ...args], { stdio: ['ignore', 'ignore', 'pipe'] }));
   await waitFor('redis-server', () => canConnect(port), child, launcher?.startTimeoutMs ?? 5000);
   return { child, url: `redis://127.0.0.1:${port}` };
 }

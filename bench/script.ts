@@ -3,7 +3,7 @@ import os from 'node:os';
 import { dirname, join } from 'node:path';
 import { pathToFileURL } from 'node:url';
 import { Redis } from 'ioredis';
-import { parseVariants } from './ab-stats.js';
+import { distinctLabels, parseVariants } from './ab-stats.js';
 import { buildOf } from './builds.js';
 import { Callgrind, medianWindow, type InstructionCount } from './callgrind.js';
 import { KnobError, intKnob, reportFailure } from './knobs.js';
@@ -36,9 +36,7 @@ async function main(): Promise<void> {
   for (const v of variants)
     if (v.nodeArgs.length > 0 || Object.keys(v.env).length > 0)
       throw new KnobError(`${v.label}: bench:script takes refs only (no node flags or variables)`);
-  const labels = variants.map((v, i) =>
-    variants.findIndex((w) => w.ref === v.ref) === i ? v.ref : `${v.ref}#${i + 1}`,
-  );
+  const labels = distinctLabels(variants.map((v) => v.label));
   const builds = await Promise.all(
     variants.map(async (v, i) => {
       const rulesFile = join(dirname(buildOf(v.ref, i)), 'limits', 'count-rules.js');

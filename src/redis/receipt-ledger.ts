@@ -31,8 +31,8 @@ import { toStoreError } from './errors.js';
  * Takes back the units a call added to a counter, if (and only if) its receipt is recorded there,
  * and leaves the receipt with no units, so a second undo takes nothing, and the call itself counts
  * nothing should it ever run afterwards (the consume script knows a call it holds a receipt of).
- * ARGV: the receipt's field and sequence number. The receipt names the windows the
- * units went in: a window the counter has left since keeps its count.
+ * ARGV: the receipt's field and sequence number. The receipt names the windows the units went
+ * in: a window the counter has left since keeps its count.
  */
 const UNDO_SCRIPT = `
 local v = redis.call('HMGET', KEYS[1], 'hs', 'hc', 'ds', 'dc', ARGV[1])
@@ -41,8 +41,9 @@ local s, e = string.find(',' .. v[5], ',' .. ARGV[2] .. ':', 1, true)
 if not s then return 0 end
 local stop = string.find(v[5], ',', e, true)
 local units, hs, ds = string.match(string.sub(v[5], e, stop - 1), '^(%d+):(%d+):(%d+)$')
-local rc = string.sub(v[5], 1, s - 1) .. string.sub(v[5], stop + 1)
-if units then rc = string.sub(v[5], 1, s - 1) .. ARGV[2] .. ':0:' .. hs .. ':' .. ds .. ',' .. string.sub(v[5], stop + 1) end
+local before, after = string.sub(v[5], 1, s - 1), string.sub(v[5], stop + 1)
+-- The receipt stays with no units (one that cannot be read goes).
+local rc = units and (before .. ARGV[2] .. ':0:' .. hs .. ':' .. ds .. ',' .. after) or (before .. after)
 local hc = tonumber(v[2])
 local dc = tonumber(v[4])
 if units then
@@ -180,21 +181,20 @@ export class ReceiptLedger {
     return this.#reconciling;
   }
 
-  /** The undo of one doubtful call, on every counter it touched; true once it is through. */
-  async #undo(seq: number, call: DoubtfulCall): Promise<boolean> {
+  /** The undo of one doubtful call, on every counter it touched; the call is settled once it is through. */
+  async #undo(seq: number, call: DoubtfulCall): Promise<void> {
     try {
       // Commands of one connection run in order, so each undo runs after its doubtful call (if that ever runs).
       await Promise.all([...call.keys].map((key) => this.#client.oapiUndo(key, this.#field, seq).catch(notACounter)));
     } catch {
       // Redis is away again (or the undo timed out behind a slow Redis, where it still runs): tried again later.
-      return false;
+      return;
     }
     if (this.#inDoubt.delete(seq)) this.#settle(seq);
     if (this.#inDoubt.size === 0) {
       clearInterval(this.#reconcileTimer);
       this.#reconcileTimer = undefined;
     }
-    return true;
   }
 
   /** Stops reconciling by itself (on shutdown, after a last reconcile()). */

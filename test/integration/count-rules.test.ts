@@ -13,6 +13,7 @@ import {
 } from '../../src/limits/count-rules.js';
 import type { ConsumeRequest, MergeEntry } from '../../src/limits/store.js';
 import { redisClient, uniquePrefix } from '../helpers/redis.js';
+import { request } from '../helpers/store-contract.js';
 
 /**
  * Each Lua script against the TypeScript rule it mirrors, on random counters in a real Redis:
@@ -89,6 +90,11 @@ async function setCounter(key: string, counter: StoredCounter | undefined, rc: R
     ...(zone === undefined ? {} : { tz: zone }),
   });
 }
+
+/** A request in the current windows (this file's H and D). */
+const inTheWindows = (over: Partial<ConsumeRequest> = {}): ConsumeRequest =>
+  request({ hourStart: H, dayStart: D, expireAt: EXPIRE_AT, ...over });
+const nineInAWindow = (): ConsumeRequest => inTheWindows({ hourLimit: 9, dayLimit: 9 });
 
 const fields = (c: StoredCounter): string[] => [c.hourStart, c.hour, c.dayStart, c.day].map(String);
 
@@ -185,8 +191,10 @@ describe('CONSUME_SCRIPT', () => {
         for (const [i, c] of counters.entries()) await setCounter(keys[i] as string, c.stored, c.rc);
         const items = requests.map((n) => {
           const { hourLimit, dayLimit, force } = counters[n % counters.length] as (typeof counters)[number];
-          const request = { keyHash: 'k', counterId: 'row', ...w, hourLimit, dayLimit, force, expireAt: EXPIRE_AT };
-          return { key: keys[n % counters.length] as string, request: request satisfies ConsumeRequest };
+          return {
+            key: keys[n % counters.length] as string,
+            request: inTheWindows({ ...w, hourLimit, dayLimit, force }),
+          };
         });
         const keysThenArgs: Array<string | number> = items.map((item) => item.key);
         pushConsumeArgs(keysThenArgs, items, receiptOf(SEQ, oldestUnsettled));
@@ -205,21 +213,7 @@ describe('CONSUME_SCRIPT', () => {
 
   it('knows a call it runs again behind the receipts of later calls of its instance (several calls out at once on a Cluster)', async () => {
     const key = `${prefix}behind${++run}`;
-    const one = [
-      {
-        key,
-        request: {
-          keyHash: 'k',
-          counterId: 'row',
-          hourStart: H,
-          dayStart: D,
-          expireAt: EXPIRE_AT,
-          hourLimit: 9,
-          dayLimit: 9,
-          force: false,
-        } satisfies ConsumeRequest,
-      },
-    ];
+    const one = [{ key, request: nineInAWindow() }];
     const callOf = (seq: number): Array<string | number> => {
       const keysThenArgs: Array<string | number> = [key];
       pushConsumeArgs(keysThenArgs, one, receiptOf(seq, SEQ));
@@ -240,24 +234,7 @@ describe('CONSUME_SCRIPT', () => {
     const older = Array.from({ length: RECEIPTS_KEPT + 50 }, (_, i) => ({ seq: SEQ - 1 - i, units: 1 }));
     await client.hset(key, { hs: H, hc: 1, ds: D, dc: 1, [FIELD]: receiptText(older) });
     const keysThenArgs: Array<string | number> = [key];
-    pushConsumeArgs(
-      keysThenArgs,
-      [
-        {
-          request: {
-            keyHash: 'k',
-            counterId: 'row',
-            hourStart: H,
-            dayStart: D,
-            expireAt: EXPIRE_AT,
-            hourLimit: 9,
-            dayLimit: 9,
-            force: false,
-          },
-        },
-      ],
-      receiptOf(SEQ, 0),
-    );
+    pushConsumeArgs(keysThenArgs, [{ request: nineInAWindow() }], receiptOf(SEQ, 0));
     await client.eval(CONSUME_SCRIPT, 1, ...keysThenArgs);
     expect(await client.hget(key, FIELD)).toBe(
       receiptText([{ seq: SEQ, units: 1, hourStart: H, dayStart: D }, ...older.slice(0, RECEIPTS_KEPT - 1)]),
@@ -266,23 +243,15 @@ describe('CONSUME_SCRIPT', () => {
 
   it('reads the limits of each request of a call, large ones too, and refuses a call without limits for every key', async () => {
     const key = `${prefix}big${++run}`;
-    const request = (hourLimit: number, dayLimit: number, force = false): ConsumeRequest => ({
-      keyHash: 'k',
-      counterId: 'row',
-      hourStart: H,
-      dayStart: D,
-      expireAt: EXPIRE_AT,
-      hourLimit,
-      dayLimit,
-      force,
-    });
+    const limited = (hourLimit: number, dayLimit: number, force = false): ConsumeRequest =>
+      inTheWindows({ hourLimit, dayLimit, force });
     // The counter at 1,000,000 of its day: limits past 2^31 and up to 2^53 - 1 are read whole.
     await client.hset(key, { hs: H, hc: 5, ds: D, dc: 1_000_000 });
     const items = [
-      request(2 ** 53 - 1, 2 ** 53 - 1),
-      request(10, 1_000_001), // day full after the first
-      request(6, 3_000_000_000), // hour full after the first
-      request(1, 1, true),
+      limited(2 ** 53 - 1, 2 ** 53 - 1),
+      limited(10, 1_000_001), // day full after the first
+      limited(6, 3_000_000_000), // hour full after the first
+      limited(1, 1, true),
     ].map((r) => ({ request: r }));
     const keysThenArgs: Array<string | number> = items.map(() => key);
     pushConsumeArgs(keysThenArgs, items, receiptOf(1, 0));
@@ -292,7 +261,7 @@ describe('CONSUME_SCRIPT', () => {
 
     // One request's limits for two keys: an error, and nothing counted.
     const short: Array<string | number> = [key, key];
-    pushConsumeArgs(short, [{ request: request(100, 10_000_000) }], receiptOf(2, 0));
+    pushConsumeArgs(short, [{ request: limited(100, 10_000_000) }], receiptOf(2, 0));
     await expect(client.eval(CONSUME_SCRIPT, 2, ...short)).rejects.toThrow('consume: no limits for key 2');
     expect(await client.hmget(key, 'hc', 'dc')).toEqual(['7', '1000002']);
   });

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { fileNameOf, parseVariants, roundOrder, summariseBuilds } from '../../bench/ab-stats.js';
+import { distinctLabels, fileNameOf, parseVariants, roundOrder, summariseBuilds } from '../../bench/ab-stats.js';
 import { median } from '../../bench/stats.js';
 
 describe('bench:ab comparison', () => {
@@ -34,6 +34,10 @@ describe('bench:ab comparison', () => {
     expect(median([3, 1, 2])).toBe(2);
     expect(median([4, 1, 3, 2])).toBe(2.5);
     expect(median([])).toBeNaN();
+  });
+
+  it('labels a build given twice (an A/A run) with its position the second time', () => {
+    expect(distinctLabels(['main', '.', 'main', '. --x'])).toEqual(['main', '.', 'main#3', '. --x']);
   });
 
   it('rotates the order of the processes by one each round', () => {
