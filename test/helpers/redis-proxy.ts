@@ -18,6 +18,11 @@ export interface RedisProxy {
    * closes `closeAfterMs` later. Commands after it, on other connections, pass.
    */
   failNextCommand(lost: 'request' | 'reply', closeAfterMs?: number): void;
+  /**
+   * The next command that holds `marker` is held here, with everything its connection sends after
+   * it, until `release()` forwards all of it in order (a Redis slow to read one connection).
+   */
+  holdNextCommand(marker: string): { readonly held: boolean; release(): void };
   /** From now on, how often `marker` passes to Redis (not counting a command failNextCommand loses). */
   countForwarded(marker: string): () => number;
   delayRepliesMs: number;
@@ -34,11 +39,14 @@ export async function startRedisProxy(redisPort: number): Promise<RedisProxy> {
     delayRepliesMs: 0,
     lost: 0,
     markers: [] as Array<{ needle: Buffer; count: number }>,
+    hold: undefined as { needle: Buffer; held: Buffer[] | undefined; release: () => void } | undefined,
   };
   const server = net.createServer((client) => {
     const upstream = net.connect(redisPort, '127.0.0.1');
     /** This connection lost a command: it carries nothing more until it closes. */
     let failed = false;
+    /** What this connection sends while a command of it is held, in order. */
+    let held: Buffer[] | undefined;
     for (const s of [client, upstream]) {
       sockets.add(s);
       s.on('close', () => sockets.delete(s));
@@ -60,11 +68,27 @@ export async function startRedisProxy(redisPort: number): Promise<RedisProxy> {
         }, next.closeAfterMs);
         return;
       }
+      if (held) {
+        held.push(chunk);
+        return;
+      }
+      const hold = state.hold;
+      if (hold && !hold.held && chunk.includes(hold.needle)) {
+        held = hold.held = [chunk];
+        hold.release = () => {
+          for (const c of held ?? []) forward(c);
+          held = undefined;
+        };
+        return;
+      }
+      forward(chunk);
+    });
+    const forward = (chunk: Buffer): void => {
       for (const marker of state.markers)
         for (let at = chunk.indexOf(marker.needle); at !== -1; at = chunk.indexOf(marker.needle, at + 1))
           marker.count++;
       upstream.write(chunk);
-    });
+    };
     upstream.on('data', (chunk: Buffer) => {
       if (failed) return;
       if (state.loseReplies) {
@@ -84,6 +108,19 @@ export async function startRedisProxy(redisPort: number): Promise<RedisProxy> {
     port,
     failNextCommand(lost, closeAfterMs = 0) {
       state.next = { lost, closeAfterMs };
+    },
+    holdNextCommand(text) {
+      const hold = { needle: Buffer.from(text), held: undefined as Buffer[] | undefined, release: () => {} };
+      state.hold = hold;
+      return {
+        get held() {
+          return hold.held !== undefined;
+        },
+        release: () => {
+          if (state.hold === hold) state.hold = undefined;
+          hold.release();
+        },
+      };
     },
     countForwarded(text) {
       const marker = { needle: Buffer.from(text), count: 0 };

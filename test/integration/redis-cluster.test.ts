@@ -5,6 +5,7 @@ import { Cluster, Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { clusterOptions, connectWithin, createRedisClient, type RedisClient } from '../../src/redis/connection.js';
 import { RedisCounterStore } from '../../src/redis/counter-store.js';
+import { UNDO_SCRIPT } from '../../src/redis/receipt-ledger.js';
 import { CONSUME_SCRIPT } from '../../src/limits/count-rules.js';
 import { StoreUnavailableError, type Counts } from '../../src/limits/store.js';
 import { startSandboxBridge, type SandboxBridge } from '../../src/sandbox/bridge.js';
@@ -99,6 +100,8 @@ describe('the Cluster client', () => {
 
 const CONSUME_SHA = createHash('sha1').update(CONSUME_SCRIPT).digest('hex');
 const CONSUME_FIRST_LINE = CONSUME_SCRIPT.trim().split('\n')[0] as string;
+const UNDO_SHA = createHash('sha1').update(UNDO_SCRIPT).digest('hex');
+const UNDO_FIRST_LINE = UNDO_SCRIPT.trim().split('\n')[0] as string;
 
 describe('RedisCounterStore on a Redis Cluster, when a node connection closes during a script call', () => {
   /** REDIS_TIMEOUT_MS's default. */
@@ -166,6 +169,79 @@ describe('RedisCounterStore on a Redis Cluster, when a node connection closes du
     },
     15_000,
   );
+});
+
+describe('RedisCounterStore on a Redis Cluster, when the slot of a call in doubt moves to another master', () => {
+  const TIMEOUT_MS = 1000;
+  it('counts a call that timed out nowhere when the old master redirects it (MOVED) to the new one after its undo ran there, even past later calls on the counter (regression: the undo found no receipt there and left none, and the redirected call counted)', async () => {
+    const proxies = await Promise.all(cluster.ports.map((port) => startRedisProxy(port)));
+    const natMap = Object.fromEntries(
+      cluster.ports.map((port, i) => [`127.0.0.1:${port}`, { host: '127.0.0.1', port: proxies[i]?.port ?? 0 }]),
+    );
+    const proxied = new Cluster(
+      proxies.map((p) => ({ host: '127.0.0.1', port: p.port })),
+      { ...clusterOptions(TIMEOUT_MS), natMap },
+    );
+    proxied.on('error', () => {});
+    const nodes = cluster.ports.map((port) => new Redis({ host: '127.0.0.1', port, maxRetriesPerRequest: 1 }));
+    try {
+      expect(await connectWithin(proxied, 5000)).toBe(true);
+      const store = new RedisCounterStore(proxied, storePrefix);
+      const keyHash = `moved-${Date.now().toString(36)}`;
+      const key = store.counterKey(keyHash, request().counterId);
+      const slot = calculateSlot(key);
+      const from = cluster.ports.indexOf(
+        (await slotOwners(nodes[0] as Redis)).find((r) => slot >= r.start && slot <= r.end)?.port as number,
+      );
+      const to = (from + 1) % cluster.ports.length;
+      const [oldNode, newNode] = [nodes[from] as Redis, nodes[to] as Redis];
+      const consume = (): Promise<Counts> => store.consume(request({ keyHash, hourLimit: 100, dayLimit: 100 }));
+      expect(await consume()).toEqual({ allowed: true, hour: 1, day: 1 });
+
+      // The old master reads the next call only once the slot has moved on.
+      const held = (proxies[from] as RedisProxy).holdNextCommand(CONSUME_SHA);
+      const newProxy = proxies[to] as RedisProxy;
+      const consumeRunsOnNew = [newProxy.countForwarded(CONSUME_SHA), newProxy.countForwarded(CONSUME_FIRST_LINE)];
+      const undosOnNew = [newProxy.countForwarded(UNDO_SHA), newProxy.countForwarded(UNDO_FIRST_LINE)];
+      const doubtful = consume().then(
+        () => 'answered',
+        (err: unknown) => err,
+      );
+      for (let i = 0; i < 100 && !held.held; i++) await new Promise((r) => setTimeout(r, 10));
+      expect(held.held).toBe(true);
+
+      // The slot moves to the new master (CLUSTER SETSLOT, MIGRATE), and the client learns it.
+      const [fromId, toId] = await Promise.all([oldNode.cluster('MYID'), newNode.cluster('MYID')]);
+      await newNode.cluster('SETSLOT', slot, 'IMPORTING', fromId);
+      await oldNode.cluster('SETSLOT', slot, 'MIGRATING', toId);
+      const keys = await oldNode.cluster('GETKEYSINSLOT', slot, 1000);
+      await oldNode.call('MIGRATE', '127.0.0.1', String(cluster.ports[to]), '', '0', '5000', 'KEYS', ...keys);
+      for (const node of nodes) await node.cluster('SETSLOT', slot, 'NODE', toId);
+      await new Promise<void>((resolve, reject) => proxied.refreshSlotsCache((err) => (err ? reject(err) : resolve())));
+
+      // The call times out; its undo goes to the new master, where the call has not run.
+      expect(await doubtful).toBeInstanceOf(StoreUnavailableError);
+      await store.reconcile();
+      expect(undosOnNew.reduce((sum, runs) => sum + runs(), 0)).toBeGreaterThan(0);
+      // A later call on the counter, on the new master.
+      expect(await consume()).toEqual({ allowed: true, hour: 2, day: 2 });
+      const runsBefore = consumeRunsOnNew.reduce((sum, runs) => sum + runs(), 0);
+
+      // The old master reads the held call at last and answers MOVED: ioredis sends it to the new master.
+      held.release();
+      const deadline = Date.now() + 3000;
+      while (consumeRunsOnNew.reduce((sum, runs) => sum + runs(), 0) === runsBefore && Date.now() < deadline)
+        await new Promise((r) => setTimeout(r, 20));
+      expect(consumeRunsOnNew.reduce((sum, runs) => sum + runs(), 0)).toBeGreaterThan(runsBefore);
+      await new Promise((r) => setTimeout(r, 100));
+      expect(await newNode.hmget(key, 'hc', 'dc')).toEqual(['2', '2']);
+      expect(await consume()).toEqual({ allowed: true, hour: 3, day: 3 });
+    } finally {
+      for (const node of nodes) node.disconnect();
+      proxied.disconnect();
+      await Promise.all(proxies.map((p) => p.close()));
+    }
+  }, 20_000);
 });
 
 const LIMITS = `
