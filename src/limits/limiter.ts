@@ -111,6 +111,8 @@ export class Limiter {
   /** Units admitted from the insurance counters, per (key, row), not yet added to the store. */
   #unmerged = new Map<string, MergeEntry>();
   #merging: Promise<void> | undefined;
+  /** After a failed merge, the next is tried with a request only from then on (a part of the store may still be away). */
+  #mergeNotBefore = 0;
 
   constructor(options: LimiterOptions) {
     if (options.failureMode === 'insurance' && !options.insurance)
@@ -184,12 +186,14 @@ export class Limiter {
     return this.#store.consume(consume).then(
       (counts) => {
         // The store answers again: what was admitted without it is added to it now.
-        if (this.#unmerged.size > 0) this.#mergeIntoStore();
+        if (this.#unmerged.size > 0 && now >= this.#mergeNotBefore) this.#mergeIntoStore();
         return fromStore(counts);
       },
       (err: unknown) => {
         if (!(err instanceof StoreUnavailableError)) throw err;
-        this.#storeFailed(err);
+        // A part of the store away (a Cluster master) is the store's to skip: the rest still counts.
+        if (err.part) this.#observer?.storeError(err.kind);
+        else this.#storeFailed(err);
         return this.#withoutStore(consume, limits, windows, row.shadow, now);
       },
     );
@@ -302,6 +306,7 @@ export class Limiter {
         (err: unknown) => {
           const retry = err instanceof MergeFailedError ? err.notApplied : [];
           for (const entry of retry) this.#addUnmerged(entry);
+          this.#mergeNotBefore = this.#clock.now() + this.#retryAfterMs;
           this.#observer?.merged?.(entries.length - retry.length, 'failed');
         },
       )

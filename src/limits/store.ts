@@ -74,14 +74,23 @@ export interface CounterStore {
 /**
  * The store could not answer (unreachable, timed out, refused the command). Told apart from
  * an over-limit answer by type, so a store fault never reads as a refusal or an admission.
+ * `part`: only a part of the store failed (a Redis Cluster master), which the store itself
+ * takes as away for a while, and the rest still answers: only requests on that part are decided
+ * without the store.
  */
 export class StoreUnavailableError extends Error {
   readonly kind: 'timeout' | 'connection' | 'reply';
+  readonly part: boolean;
 
-  constructor(kind: 'timeout' | 'connection' | 'reply', message: string, options?: { cause?: unknown }) {
+  constructor(
+    kind: 'timeout' | 'connection' | 'reply',
+    message: string,
+    options?: { cause?: unknown; part?: boolean },
+  ) {
     super(message, options);
     this.name = 'StoreUnavailableError';
     this.kind = kind;
+    this.part = options?.part ?? false;
   }
 }
 
@@ -93,7 +102,7 @@ export class MergeFailedError extends StoreUnavailableError {
   readonly notApplied: readonly MergeEntry[];
 
   constructor(cause: StoreUnavailableError, notApplied: readonly MergeEntry[]) {
-    super(cause.kind, cause.message, { cause });
+    super(cause.kind, cause.message, { cause, part: cause.part });
     this.name = 'MergeFailedError';
     this.notApplied = notApplied;
   }

@@ -2,6 +2,7 @@ import type { Cluster } from 'ioredis';
 import { CONSUME_SCRIPT, pushConsumeArgs, RECEIPTS_KEPT } from '../limits/count-rules.js';
 import { StoreUnavailableError, type ConsumeRequest, type Counts } from '../limits/store.js';
 import type { RedisClient } from './connection.js';
+import type { DownMasters } from './down-masters.js';
 import type { ReceiptLedger } from './receipt-ledger.js';
 
 /**
@@ -21,7 +22,10 @@ import type { ReceiptLedger } from './receipt-ledger.js';
  *
  * Every call carries a receipt from the ledger, which is told how every call ended
  * (redis/receipt-ledger.ts). No call is sent on a connection that is not ready (it could not
- * run), nor while MAX_CALLS_OUT are out: its requests are decided as when Redis is away.
+ * run), nor while MAX_CALLS_OUT are out: its requests are decided as when Redis is away. On a
+ * Cluster, a call that fails on its master's connection makes that master away for a while
+ * (redis/down-masters.ts), and the calls for its slots are not sent meanwhile: the failures of
+ * both kinds are the store's `part` only.
  */
 
 /**
@@ -66,17 +70,19 @@ export class ConsumeBatcher {
   /** The next call is due in the next check phase of the event loop (setImmediate). */
   #due = false;
   readonly #maxWaitMs: number;
+  readonly #downMasters: DownMasters | undefined;
   /** Sends the waiting requests if the call before them is still out after #maxWaitMs. */
   #waitLimit: NodeJS.Timeout | undefined;
 
   /**
    * `batching`: requests share calls; by default on a single Redis only. `maxWaitMs`: how long
-   * requests wait behind a call that is out (MAX_WAIT_MS; the tests set it).
+   * requests wait behind a call that is out (MAX_WAIT_MS; the tests set it). `downMasters`: on a
+   * Cluster, the masters taken as away (shared with the outage merge).
    */
   constructor(
     client: RedisClient,
     ledger: ReceiptLedger,
-    options: { readonly batching?: boolean; readonly maxWaitMs?: number } = {},
+    options: { readonly batching?: boolean; readonly maxWaitMs?: number; readonly downMasters?: DownMasters } = {},
   ) {
     // The same script twice: with one key (ioredis routes it by that key on a Cluster), and
     // with the number of keys given per call, for a batch.
@@ -86,6 +92,7 @@ export class ConsumeBatcher {
     this.#ledger = ledger;
     this.#batching = options.batching ?? !(client as Cluster).isCluster;
     this.#maxWaitMs = options.maxWaitMs ?? MAX_WAIT_MS;
+    this.#downMasters = this.#batching ? undefined : options.downMasters;
   }
 
   /** Counts one request on the counter `key`, by the rule of countStep. */
@@ -172,7 +179,17 @@ export class ConsumeBatcher {
       },
       (err: unknown) => {
         this.#answered(alone);
-        const failure = this.#ledger.failed(receipt, { keys: batch.map((p) => p.key) }, err);
+        let failure = this.#ledger.failed(receipt, { keys: batch.map((p) => p.key) }, err);
+        if (
+          alone !== undefined &&
+          this.#downMasters &&
+          failure.kind === 'connection' &&
+          this.#client.status === 'ready'
+        ) {
+          // One master's connection failed, and the Cluster still answers for the others.
+          this.#downMasters.failed(alone);
+          failure = new StoreUnavailableError(failure.kind, failure.message, { cause: failure.cause, part: true });
+        }
         for (const pending of batch) pending.reject(failure);
         this.#sendWhenFree();
       },
@@ -193,12 +210,24 @@ export class ConsumeBatcher {
     if (this.#client.status !== 'ready') {
       return new StoreUnavailableError('connection', `Redis unavailable: connection ${this.#client.status}`);
     }
-    const out = this.#batching ? this.#inFlight : (this.#inFlightByKey.get((batch[0] as Pending).key) ?? 0);
-    if (out >= MAX_CALLS_OUT) {
-      return new StoreUnavailableError('timeout', `Redis is behind: ${MAX_CALLS_OUT} calls out`);
+    if (this.#batching) {
+      if (this.#inFlight >= MAX_CALLS_OUT) return behind();
+      return undefined;
     }
+    const key = (batch[0] as Pending).key;
+    const away = this.#downMasters?.downFor(key);
+    if (away !== undefined) {
+      return new StoreUnavailableError('connection', `Redis unavailable: Cluster master ${away} is away`, {
+        part: true,
+      });
+    }
+    if ((this.#inFlightByKey.get(key) ?? 0) >= MAX_CALLS_OUT) return behind();
     return undefined;
   }
+}
+
+function behind(): StoreUnavailableError {
+  return new StoreUnavailableError('timeout', `Redis is behind: ${MAX_CALLS_OUT} calls out`);
 }
 
 function sameWindows(a: ConsumeRequest, b: ConsumeRequest): boolean {

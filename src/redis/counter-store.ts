@@ -1,7 +1,9 @@
+import type { Cluster } from 'ioredis';
 import { usageIn, type StoredCounter } from '../limits/count-rules.js';
 import type { ConsumeRequest, CounterStore, Counts, MergeEntry, Usage, WindowIds } from '../limits/store.js';
 import type { RedisClient } from './connection.js';
 import { ConsumeBatcher } from './consume-batcher.js';
+import { DownMasters } from './down-masters.js';
 import { toStoreError } from './errors.js';
 import { OutageMerge } from './outage-merge.js';
 import { ReceiptLedger } from './receipt-ledger.js';
@@ -28,8 +30,9 @@ export class RedisCounterStore implements CounterStore {
     this.#client = client;
     this.#prefix = prefix;
     this.#ledger = new ReceiptLedger(client);
-    this.#batcher = new ConsumeBatcher(client, this.#ledger);
-    this.#merge = new OutageMerge(client, (e) => this.counterKey(e.keyHash, e.counterId));
+    const downMasters = (client as Cluster).isCluster ? new DownMasters(client as Cluster) : undefined;
+    this.#batcher = new ConsumeBatcher(client, this.#ledger, { downMasters });
+    this.#merge = new OutageMerge(client, (e) => this.counterKey(e.keyHash, e.counterId), { downMasters });
   }
 
   counterKey(keyHash: string, counterId: string): string {

@@ -1,7 +1,8 @@
 import type { Cluster } from 'ioredis';
 import { MERGE_SCRIPT, mergeArgs } from '../limits/count-rules.js';
-import { MergeFailedError, type CounterKey, type MergeEntry, type StoreUnavailableError } from '../limits/store.js';
+import { MergeFailedError, StoreUnavailableError, type CounterKey, type MergeEntry } from '../limits/store.js';
 import type { RedisClient } from './connection.js';
+import type { DownMasters } from './down-masters.js';
 import { toStoreError } from './errors.js';
 
 /**
@@ -22,15 +23,17 @@ export class OutageMerge {
   readonly #client: RedisClient & MergeCommands;
   readonly #keyOf: (counter: CounterKey) => string;
   readonly #batching: boolean;
+  readonly #downMasters: DownMasters | undefined;
 
   /**
    * `keyOf` names an entry's counter. `batching`: one script call per wave; by default on a
-   * single Redis only, since on a Cluster a script's keys must share a slot.
+   * single Redis only, since on a Cluster a script's keys must share a slot. `downMasters`: on a
+   * Cluster, the masters taken as away (shared with the consume batcher).
    */
   constructor(
     client: RedisClient,
     keyOf: (counter: CounterKey) => string,
-    options: { readonly batching?: boolean } = {},
+    options: { readonly batching?: boolean; readonly downMasters?: DownMasters } = {},
   ) {
     // The same script twice: with one key (ioredis routes it by that key on a Cluster), and with
     // the number of keys given per call, for a wave.
@@ -39,29 +42,49 @@ export class OutageMerge {
     this.#client = client as RedisClient & MergeCommands;
     this.#keyOf = keyOf;
     this.#batching = options.batching ?? !(client as Cluster).isCluster;
+    this.#downMasters = this.#batching ? undefined : options.downMasters;
   }
 
   /**
    * In waves of MERGE_CHUNK counters, one after the other, so that requests counted meanwhile
    * never queue behind a long merge: one script call per wave when batching, else one per
    * counter. After a failed call no further wave is sent, and the error (MergeFailedError) names
-   * the entries certainly not added: those of the waves not sent.
+   * the entries certainly not added: those of the waves not sent, and on a Cluster those of
+   * masters taken as away, which are not sent either (a call that fails on its master's
+   * connection makes that master away).
    */
   async merge(entries: readonly MergeEntry[]): Promise<void> {
     const notApplied: MergeEntry[] = [];
     let failure: StoreUnavailableError | undefined;
+    let away: StoreUnavailableError | undefined;
     for (let i = 0; i < entries.length; i += MERGE_CHUNK) {
-      const wave = entries.slice(i, i + MERGE_CHUNK);
+      let wave = entries.slice(i, i + MERGE_CHUNK);
       if (failure) {
         notApplied.push(...wave);
         continue;
       }
+      if (this.#downMasters) {
+        const sent = wave.filter((e) => this.#downMasters?.downFor(this.#keyOf(e)) === undefined);
+        if (sent.length < wave.length) {
+          notApplied.push(...wave.filter((e) => !sent.includes(e)));
+          away ??= new StoreUnavailableError('connection', 'Redis unavailable: a Cluster master is away', {
+            part: true,
+          });
+          wave = sent;
+        }
+      }
       // A failed call may have added some of its counters (a script stopped by an error keeps
       // the writes it made), so only the waves never sent count as not applied.
       const results = await Promise.allSettled(this.#send(wave));
-      for (const result of results) if (result.status === 'rejected') failure ??= toStoreError(result.reason);
+      results.forEach((result, k) => {
+        if (result.status === 'fulfilled') return;
+        const error = toStoreError(result.reason);
+        if (this.#downMasters && error.kind === 'connection' && this.#client.status === 'ready')
+          this.#downMasters.failed(this.#keyOf(wave[k] as MergeEntry));
+        failure ??= error;
+      });
     }
-    if (failure) throw new MergeFailedError(failure, notApplied);
+    if (failure ?? away) throw new MergeFailedError((failure ?? away) as StoreUnavailableError, notApplied);
   }
 
   #send(wave: readonly MergeEntry[]): Array<Promise<number>> {

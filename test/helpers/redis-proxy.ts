@@ -26,6 +26,8 @@ export interface RedisProxy {
   /** From now on, how often `marker` passes to Redis (not counting a command failNextCommand loses). */
   countForwarded(marker: string): () => number;
   delayRepliesMs: number;
+  /** While true, every connection is closed, and new ones are closed as they come (a Redis that is away). */
+  away: boolean;
   /** Connections closed because a command or a reply was lost. */
   readonly lost: number;
   close(): Promise<void>;
@@ -37,11 +39,16 @@ export async function startRedisProxy(redisPort: number): Promise<RedisProxy> {
     loseReplies: false,
     next: undefined as { lost: 'request' | 'reply'; closeAfterMs: number } | undefined,
     delayRepliesMs: 0,
+    away: false,
     lost: 0,
     markers: [] as Array<{ needle: Buffer; count: number }>,
     hold: undefined as { needle: Buffer; held: Buffer[] | undefined; release: () => void } | undefined,
   };
   const server = net.createServer((client) => {
+    if (state.away) {
+      client.destroy();
+      return;
+    }
     const upstream = net.connect(redisPort, '127.0.0.1');
     /** This connection lost a command: it carries nothing more until it closes. */
     let failed = false;
@@ -138,6 +145,13 @@ export async function startRedisProxy(redisPort: number): Promise<RedisProxy> {
     },
     set delayRepliesMs(ms: number) {
       state.delayRepliesMs = ms;
+    },
+    get away() {
+      return state.away;
+    },
+    set away(away: boolean) {
+      state.away = away;
+      if (away) for (const s of sockets) s.destroy();
     },
     get lost() {
       return state.lost;

@@ -5,8 +5,13 @@ import { Cluster, Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { clusterOptions, connectWithin, createRedisClient, type RedisClient } from '../../src/redis/connection.js';
 import { RedisCounterStore } from '../../src/redis/counter-store.js';
+import { MASTER_DOWN_MS } from '../../src/redis/down-masters.js';
 import { UNDO_SCRIPT } from '../../src/redis/receipt-ledger.js';
+import { parseLimits } from '../../src/config/load-limits.js';
 import { CONSUME_SCRIPT } from '../../src/limits/count-rules.js';
+import type { LimitRow } from '../../src/limits/limit-table.js';
+import { Limiter } from '../../src/limits/limiter.js';
+import { MemoryCounterStore } from '../../src/limits/memory-store.js';
 import { StoreUnavailableError, type Counts } from '../../src/limits/store.js';
 import { startSandboxBridge, type SandboxBridge } from '../../src/sandbox/bridge.js';
 import { authHeader, startTestGateway, type TestGateway } from '../helpers/gateway.js';
@@ -98,6 +103,44 @@ describe('the Cluster client', () => {
   });
 });
 
+/**
+ * A Cluster client as the gateway makes one, with every master behind a proxy of the test's own:
+ * the cluster names its nodes' real ports, which natMap maps to the proxies.
+ */
+async function proxiedCluster(
+  timeoutMs: number,
+): Promise<{ client: Cluster; proxies: RedisProxy[]; close: () => Promise<void> }> {
+  const proxies = await Promise.all(cluster.ports.map((port) => startRedisProxy(port)));
+  const natMap = Object.fromEntries(
+    cluster.ports.map((port, i) => [`127.0.0.1:${port}`, { host: '127.0.0.1', port: proxies[i]?.port ?? 0 }]),
+  );
+  const proxied = new Cluster(
+    proxies.map((p) => ({ host: '127.0.0.1', port: p.port })),
+    { ...clusterOptions(timeoutMs), natMap },
+  );
+  proxied.on('error', () => {});
+  return {
+    client: proxied,
+    proxies,
+    close: async () => {
+      proxied.disconnect();
+      await Promise.all(proxies.map((p) => p.close()));
+    },
+  };
+}
+
+/** Which master (its index in the cluster's ports) serves `key`'s slot now. */
+async function masterOf(key: string): Promise<number> {
+  const node = new Redis({ host: '127.0.0.1', port: cluster.ports[0], maxRetriesPerRequest: 1 });
+  try {
+    const slot = calculateSlot(key);
+    const owner = (await slotOwners(node)).find((r) => slot >= r.start && slot <= r.end)?.port;
+    return cluster.ports.indexOf(owner as number);
+  } finally {
+    node.disconnect();
+  }
+}
+
 const CONSUME_SHA = createHash('sha1').update(CONSUME_SCRIPT).digest('hex');
 const CONSUME_FIRST_LINE = CONSUME_SCRIPT.trim().split('\n')[0] as string;
 const UNDO_SHA = createHash('sha1').update(UNDO_SCRIPT).digest('hex');
@@ -113,25 +156,13 @@ describe('RedisCounterStore on a Redis Cluster, when a node connection closes du
   ] as const)(
     'counts the failed call nowhere and never sends it again, while the counter goes on counting: %s (regression: ioredis sent it again by itself, after its units were taken back)',
     async (_case, lost, closeAfterMs) => {
-      // Every node behind a proxy of the test's own: the cluster names its nodes' real ports, which natMap maps.
-      const proxies = await Promise.all(cluster.ports.map((port) => startRedisProxy(port)));
-      const natMap = Object.fromEntries(
-        cluster.ports.map((port, i) => [`127.0.0.1:${port}`, { host: '127.0.0.1', port: proxies[i]?.port ?? 0 }]),
-      );
-      const proxied = new Cluster(
-        proxies.map((p) => ({ host: '127.0.0.1', port: p.port })),
-        { ...clusterOptions(TIMEOUT_MS), natMap },
-      );
-      proxied.on('error', () => {});
-      const node = new Redis({ host: '127.0.0.1', port: cluster.ports[0], maxRetriesPerRequest: 1 });
+      const { client: proxied, proxies, close } = await proxiedCluster(TIMEOUT_MS);
       try {
         expect(await connectWithin(proxied, 5000)).toBe(true);
         const store = new RedisCounterStore(proxied, storePrefix);
         const keyHash = `lost-${lost}-${closeAfterMs}-${Date.now().toString(36)}`;
         const key = store.counterKey(keyHash, request().counterId);
-        const slot = calculateSlot(key);
-        const owner = (await slotOwners(node)).find((r) => slot >= r.start && slot <= r.end)?.port;
-        const proxy = proxies[cluster.ports.indexOf(owner as number)] as RedisProxy;
+        const proxy = proxies[await masterOf(key)] as RedisProxy;
         const consume = (): Promise<Counts> => store.consume(request({ keyHash, hourLimit: 100, dayLimit: 100 }));
 
         expect(await consume()).toEqual({ allowed: true, hour: 1, day: 1 });
@@ -142,6 +173,9 @@ describe('RedisCounterStore on a Redis Cluster, when a node connection closes du
         proxy.failNextCommand(lost, closeAfterMs);
         await expect(consume()).rejects.toBeInstanceOf(StoreUnavailableError);
         expect(proxy.lost).toBe(1);
+        // Its master is taken as away for a while: the next call is not sent.
+        await expect(consume()).rejects.toMatchObject({ kind: 'connection', part: true });
+        await new Promise((r) => setTimeout(r, MASTER_DOWN_MS));
         // The same counter keeps counting, one call every 10 ms (some fail while the node's connection opens again).
         let allowed = 0;
         for (let i = 0; i < 20; i++) {
@@ -162,9 +196,7 @@ describe('RedisCounterStore on a Redis Cluster, when a node connection closes du
         // The lost call never reached Redis again: every consume that did was answered.
         expect(consumeRuns()).toBe(allowed);
       } finally {
-        node.disconnect();
-        proxied.disconnect();
-        await Promise.all(proxies.map((p) => p.close()));
+        await close();
       }
     },
     15_000,
@@ -174,15 +206,7 @@ describe('RedisCounterStore on a Redis Cluster, when a node connection closes du
 describe('RedisCounterStore on a Redis Cluster, when the slot of a call in doubt moves to another master', () => {
   const TIMEOUT_MS = 1000;
   it('counts a call that timed out nowhere when the old master redirects it (MOVED) to the new one after its undo ran there, even past later calls on the counter (regression: the undo found no receipt there and left none, and the redirected call counted)', async () => {
-    const proxies = await Promise.all(cluster.ports.map((port) => startRedisProxy(port)));
-    const natMap = Object.fromEntries(
-      cluster.ports.map((port, i) => [`127.0.0.1:${port}`, { host: '127.0.0.1', port: proxies[i]?.port ?? 0 }]),
-    );
-    const proxied = new Cluster(
-      proxies.map((p) => ({ host: '127.0.0.1', port: p.port })),
-      { ...clusterOptions(TIMEOUT_MS), natMap },
-    );
-    proxied.on('error', () => {});
+    const { client: proxied, proxies, close } = await proxiedCluster(TIMEOUT_MS);
     const nodes = cluster.ports.map((port) => new Redis({ host: '127.0.0.1', port, maxRetriesPerRequest: 1 }));
     try {
       expect(await connectWithin(proxied, 5000)).toBe(true);
@@ -190,9 +214,7 @@ describe('RedisCounterStore on a Redis Cluster, when the slot of a call in doubt
       const keyHash = `moved-${Date.now().toString(36)}`;
       const key = store.counterKey(keyHash, request().counterId);
       const slot = calculateSlot(key);
-      const from = cluster.ports.indexOf(
-        (await slotOwners(nodes[0] as Redis)).find((r) => slot >= r.start && slot <= r.end)?.port as number,
-      );
+      const from = await masterOf(key);
       const to = (from + 1) % cluster.ports.length;
       const [oldNode, newNode] = [nodes[from] as Redis, nodes[to] as Redis];
       const consume = (): Promise<Counts> => store.consume(request({ keyHash, hourLimit: 100, dayLimit: 100 }));
@@ -238,10 +260,73 @@ describe('RedisCounterStore on a Redis Cluster, when the slot of a call in doubt
       expect(await consume()).toEqual({ allowed: true, hour: 3, day: 3 });
     } finally {
       for (const node of nodes) node.disconnect();
-      proxied.disconnect();
-      await Promise.all(proxies.map((p) => p.close()));
+      await close();
     }
   }, 20_000);
+});
+
+describe('a Limiter on a Redis Cluster, when one master is away', () => {
+  it("decides only the requests on that master's counters without Redis, counts the others in the cluster meanwhile, and adds what it admitted to the master once it is back (regression: the whole instance counted in memory, every key, for as long as the master was away)", async () => {
+    const { client: proxied, proxies, close } = await proxiedCluster(200);
+    try {
+      expect(await connectWithin(proxied, 5000)).toBe(true);
+      const parsed = parseLimits(LIMITS, 'limits.yaml');
+      if (!parsed.ok) throw new Error('invalid test table');
+      const row = parsed.table.rows[0] as LimitRow;
+      const store = new RedisCounterStore(proxied, storePrefix);
+      const limiter = new Limiter({ store, insurance: new MemoryCounterStore(), failureMode: 'insurance' });
+      const check = async (keyHash: string): Promise<string> => {
+        const d = await limiter.check({ keyHash, row, limits: row.limits, calendar: parsed.table.calendar });
+        if (d.kind !== 'counted' || !d.allowed) throw new Error(`not admitted: ${JSON.stringify(d)}`);
+        return d.source;
+      };
+      // One key whose counter sits on the master that goes away, one on another master.
+      const run = Date.now().toString(36);
+      const keysOn = async (master: number | 'other', away: number): Promise<string> => {
+        for (let i = 0; i < 200; i++) {
+          const at = await masterOf(store.counterKey(`${run}-${i}`, row.counterId));
+          if (master === 'other' ? at !== away : at === master) return `${run}-${i}`;
+        }
+        throw new Error('no such key');
+      };
+      const onAway = await keysOn(0, 0);
+      const elsewhere = await keysOn('other', 0);
+      expect(await check(onAway)).toBe('store');
+
+      (proxies[0] as RedisProxy).away = true;
+      const sources: Record<string, string[]> = { [onAway]: [], [elsewhere]: [] };
+      for (let i = 0; i < 10; i++) {
+        for (const keyHash of [onAway, elsewhere]) sources[keyHash]?.push(await check(keyHash));
+        await new Promise((r) => setTimeout(r, 50));
+      }
+      expect(sources[elsewhere]).toEqual(Array.from({ length: 10 }, () => 'store'));
+      expect(sources[onAway]).toEqual(Array.from({ length: 10 }, () => 'insurance'));
+
+      (proxies[0] as RedisProxy).away = false;
+      let source = 'insurance';
+      let admitted = 11;
+      const deadline = Date.now() + 8000;
+      while (source !== 'store' && Date.now() < deadline) {
+        await new Promise((r) => setTimeout(r, 100));
+        source = await check(onAway);
+        admitted++;
+      }
+      expect(source).toBe('store');
+      // A merge that failed while the master's connection opened again is tried once a second has passed.
+      await new Promise((r) => setTimeout(r, MASTER_DOWN_MS));
+      await check(elsewhere);
+      await limiter.merged();
+      await store.reconcile();
+      // Every admission of the key is in its counter, once: those counted there, and those admitted meanwhile.
+      expect(await client.hmget(store.counterKey(onAway, row.counterId), 'hc', 'dc')).toEqual([
+        String(admitted),
+        String(admitted),
+      ]);
+      expect(await client.hmget(store.counterKey(elsewhere, row.counterId), 'hc', 'dc')).toEqual(['11', '11']);
+    } finally {
+      await close();
+    }
+  }, 30_000);
 });
 
 const LIMITS = `

@@ -185,6 +185,45 @@ describe('Limiter', () => {
     expect(limiter.storeTrouble()).toBeUndefined();
   });
 
+  it('decides a request on a part of the store that is away (a Cluster master) without the store, and asks the store for the next: the rest still counts', async () => {
+    const limiter = make('insurance');
+    store.failing = new StoreUnavailableError('connection', 'master away', { part: true });
+    expect(counted(await check(limiter, small, 'on-the-master-away'))).toMatchObject({
+      allowed: true,
+      source: 'insurance',
+    });
+    expect(limiter.storeTrouble()).toBeUndefined();
+    store.failing = undefined;
+    const calls = store.calls;
+    expect(counted(await check(limiter, small, 'elsewhere'))).toMatchObject({ allowed: true, source: 'store' });
+    expect(store.calls).toBe(calls + 1);
+  });
+
+  it('tries a failed merge again with a request only once retryStoreAfterMs has passed (a part of the store can stay away while the rest answers)', async () => {
+    const limiter = make('insurance');
+    store.failing = new StoreUnavailableError('connection', 'master away', { part: true });
+    await check(limiter, small, 'a');
+    store.failing = undefined;
+    const mergeWorks = store.merge.bind(store);
+    store.merge = async (entries) => {
+      store.merges.push(entries);
+      throw new MergeFailedError(new StoreUnavailableError('connection', 'master away', { part: true }), entries);
+    };
+    await check(limiter, small, 'b');
+    await limiter.merged();
+    await check(limiter, small, 'c');
+    await limiter.merged();
+    expect(store.merges).toHaveLength(1);
+    store.merge = mergeWorks;
+    clock.advance(1000);
+    await check(limiter, small, 'd');
+    await limiter.merged();
+    expect(store.merges).toEqual([
+      [expect.objectContaining({ keyHash: 'a', hour: 1 })],
+      [expect.objectContaining({ keyHash: 'a', hour: 1 })],
+    ]);
+  });
+
   it('adds what it admitted from the insurance counters to the store once the store answers again, once', async () => {
     const limiter = make('insurance');
     await check(limiter, small); // 1 in the store
