@@ -11,7 +11,7 @@ export interface CountRules {
   pushConsumeArgs(
     out: Array<string | number>,
     items: ReadonlyArray<{ readonly request: object }>,
-    receipt: { field: string; seq: number; oldestUnsettled: number; oldestTakenBack: number },
+    receipt: { field: string; seq: number; oldestUnsettled: number },
   ): void;
 }
 
@@ -59,12 +59,7 @@ export class ScriptUnderCount {
         },
       }));
       const keysThenArgs: Array<string | number> = items.map((item) => item.key);
-      this.#rules.pushConsumeArgs(keysThenArgs, items, {
-        field: 'rc:bench',
-        seq,
-        oldestUnsettled: seq,
-        oldestTakenBack: seq,
-      });
+      this.#rules.pushConsumeArgs(keysThenArgs, items, { field: 'rc:bench', seq, oldestUnsettled: seq });
       const reply = (await this.#redis.evalsha(this.#sha, items.length, ...keysThenArgs)) as number[];
       for (let i = 0; i < items.length; i++)
         if (reply[3 * i] !== 1)

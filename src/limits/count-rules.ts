@@ -99,15 +99,13 @@ export const RECEIPTS_KEPT = 512;
 /**
  * The receipt of one counting call (redis/receipt-ledger.ts; docs/operations.md "Redis": no unit
  * is counted twice): the counter field of the instance that sent it, the call's sequence number
- * there, the lowest sequence number of that instance's calls still unsettled (out, or in doubt
- * and not yet taken back) when it was sent, and the lowest of those it took back lately (whose
- * receipts, with no units, stay a while longer), or the oldest unsettled when that is lower.
+ * there, and the lowest sequence number of that instance's calls still unsettled (out, or in
+ * doubt and not yet taken back) when it was sent.
  */
 export interface Receipt {
   readonly field: string;
   readonly seq: number;
   readonly oldestUnsettled: number;
-  readonly oldestTakenBack: number;
 }
 
 /**
@@ -120,9 +118,8 @@ export interface Receipt {
  * (the windows the units went in, which are the counter's, not the call's, when another instance
  * had already moved it on) in front of the sending instance's own field (`rc:<instance>`), newest
  * first, and drops that instance's receipts older than its oldest unsettled call, which nothing
- * will ever take back, but for those of calls taken back lately (no units; should such a call
- * still run, it finds its receipt), and any past RECEIPTS_KEPT: a receipt stays as long as the
- * receipt ledger may need it, and no other instance's calls touch it. A counter records the zone of its windows
+ * will ever take back (and any past RECEIPTS_KEPT): a receipt stays as long as the receipt ledger
+ * may need it, and no other instance's calls touch it. A counter records the zone of its windows
  * (`tz`), and a refused request still moves it to another zone's bounds. A new day sets the
  * counter's expiry, which takes every field with it. A call that finds its own receipt in a counter
  * already ran there (the gateway's Redis clients never send a command twice, redis/connection.ts,
@@ -140,11 +137,9 @@ local field = ARGV[5]
 local seq = ARGV[6]
 local oldest = tonumber(ARGV[7])
 local zone = ARGV[8]
-local oldestTakenBack = tonumber(ARGV[9])
 local seqNumber = tonumber(seq)
 -- Of a counter's receipts of this instance (newest first), those that stay: those of calls from
--- the oldest unsettled one on, and those with no units (calls taken back) from the oldest taken
--- back lately on, RECEIPTS_KEPT with this call's at most. (Newest first is the order
+-- the oldest unsettled one on, RECEIPTS_KEPT with this call's at most. (Newest first is the order
 -- they ran in, which is nearly always the order they were sent in; a call redirected on a Cluster
 -- may run behind later ones, so an older receipt can sit between two that stay.) And, when this
 -- very call ran here before (run twice, or taken back since), the units its receipt records,
@@ -156,7 +151,7 @@ local function receiptsKept(rc)
     if not colon then break end
     local stop = string.find(rc, ',', colon, true)
     local n = tonumber(string.sub(rc, from, colon - 1))
-    if n >= oldest or (n >= oldestTakenBack and string.sub(rc, colon, colon + 2) == ':0:') then
+    if n >= oldest then
       if n == seqNumber then counted = tonumber(string.match(rc, '^%d+', colon + 1)) end
       if from == keep + 1 then keep = stop else kept = (kept or string.sub(rc, 1, keep)) .. string.sub(rc, from, stop) end
     end
@@ -275,17 +270,7 @@ export function pushConsumeArgs(
   const { hourStart, dayStart, expireAt, zone } = (items[0] as { readonly request: ConsumeRequest }).request;
   let limits = '';
   for (const { request: r } of items) limits += r.hourLimit + ',' + r.dayLimit + (r.force ? ',1,' : ',0,');
-  out.push(
-    hourStart,
-    dayStart,
-    expireAt,
-    limits,
-    receipt.field,
-    receipt.seq,
-    receipt.oldestUnsettled,
-    zone ?? '',
-    receipt.oldestTakenBack,
-  );
+  out.push(hourStart, dayStart, expireAt, limits, receipt.field, receipt.seq, receipt.oldestUnsettled, zone ?? '');
 }
 
 /**

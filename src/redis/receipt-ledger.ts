@@ -14,11 +14,9 @@ import { toStoreError } from './errors.js';
  * windows the units went in); the ledger takes back the units of every receipt it never heard
  * about — at once after a timeout, otherwise as soon as Redis answers again; on a single Redis on
  * the same connection, so after the doubtful call if that ever runs. A call is never sent twice
- * (redis/connection.ts), and should one run after its undo all the same (on a Cluster that is
- * resharding, a call that timed out is redirected to its slot's new master once the old one
- * answers, and may run there after its undo), the undo left a receipt with no units in each of its
- * counters, which stays for TAKEN_BACK_KEPT_MS, and the script counts nothing for a call whose
- * receipt it holds.
+ * (redis/connection.ts), and should one run again after its undo all the same, the undo left its
+ * receipt with no units, and the script counts nothing for a call whose receipt it holds. (Nor does
+ * the Cluster client follow a redirection for a call that has failed: redis/connection.ts.)
  *
  * A call is unsettled from the moment it is sent until it is answered, or, in doubt, until its
  * units were taken back; each call tells the script the oldest unsettled one, and the script
@@ -32,21 +30,14 @@ import { toStoreError } from './errors.js';
  * Takes back the units a call added to a counter, if (and only if) its receipt is recorded there,
  * and leaves the receipt with no units, so a second undo takes nothing, and the call itself counts
  * nothing should it ever run afterwards (the consume script knows a call it holds a receipt of).
- * Where the call has not run, the undo leaves such a receipt all the same (on a Cluster, a call
- * that timed out can still be redirected to its slot's new master and run there after its undo);
- * a key that held no counter then lives only for ARGV[3] ms. ARGV: the receipt's field and
- * sequence number, that lifetime. The receipt names the windows the units went in: a window the
- * counter has left since keeps its count. Answers the units taken back.
+ * ARGV: the receipt's field and sequence number. The receipt names the windows the units went
+ * in: a window the counter has left since keeps its count.
  */
 export const UNDO_SCRIPT = `
 local v = redis.call('HMGET', KEYS[1], 'hs', 'hc', 'ds', 'dc', ARGV[1])
-local s, e
-if v[5] then s, e = string.find(',' .. v[5], ',' .. ARGV[2] .. ':', 1, true) end
-if not s then
-  redis.call('HSET', KEYS[1], ARGV[1], ARGV[2] .. ':0:0:0,' .. (v[5] or ''))
-  if not v[1] and not v[3] then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
-  return 0
-end
+if not v[5] then return 0 end
+local s, e = string.find(',' .. v[5], ',' .. ARGV[2] .. ':', 1, true)
+if not s then return 0 end
 local stop = string.find(v[5], ',', e, true)
 local units, hs, ds = string.match(string.sub(v[5], e, stop - 1), '^(%d+):(%d+):(%d+)$')
 local before, after = string.sub(v[5], 1, s - 1), string.sub(v[5], stop + 1)
@@ -63,14 +54,6 @@ return tonumber(units) or 0
 `;
 
 const RECONCILE_EVERY_MS = 500;
-
-/**
- * How long the receipts a call taken back leaves in its counters (with no units) stay there, and
- * a key the undo made for one lives: a call that timed out on a Cluster master and is redirected
- * to its slot's new master once the old one answers (MOVED, ASK) finds it there within this time
- * and counts nothing (docs/operations.md "Redis").
- */
-export const TAKEN_BACK_KEPT_MS = 60_000;
 
 /**
  * An undo Redis refused because the key is no counter (something else was written there) has
@@ -92,14 +75,7 @@ interface DoubtfulCall {
 }
 
 interface UndoCommand {
-  oapiUndo(key: string, field: string, seq: number, keptMs: number): Promise<number>;
-}
-
-export interface ReceiptLedgerOptions {
-  /** TAKEN_BACK_KEPT_MS unless given (tests). */
-  readonly takenBackKeptMs?: number;
-  /** Milliseconds of a clock that never goes back; performance.now unless given. */
-  readonly now?: () => number;
+  oapiUndo(key: string, field: string, seq: number): Promise<number>;
 }
 
 export class ReceiptLedger {
@@ -113,18 +89,12 @@ export class ReceiptLedger {
   /** Calls settled while an older one is still unsettled. */
   readonly #settledEarly = new Set<number>();
   readonly #inDoubt = new Map<number, DoubtfulCall>();
-  /** Calls taken back, and until when their receipts stay. */
-  readonly #takenBack: Array<{ readonly seq: number; readonly until: number }> = [];
-  readonly #takenBackKeptMs: number;
-  readonly #now: () => number;
   #reconciling: Promise<void> | undefined;
   #reconcileTimer: NodeJS.Timeout | undefined;
 
-  constructor(client: RedisClient, options: ReceiptLedgerOptions = {}) {
+  constructor(client: RedisClient) {
     client.defineCommand('oapiUndo', { numberOfKeys: 1, lua: UNDO_SCRIPT });
     this.#client = client as RedisClient & UndoCommand;
-    this.#takenBackKeptMs = options.takenBackKeptMs ?? TAKEN_BACK_KEPT_MS;
-    this.#now = options.now ?? (() => performance.now());
     client.on('ready', this.#onReady);
   }
 
@@ -144,23 +114,7 @@ export class ReceiptLedger {
   issue(): Receipt {
     const seq = this.#nextSeq++;
     this.#unsettled.push(seq);
-    const oldestUnsettled = this.#oldestUnsettled();
-    const oldestTakenBack = this.#takenBack.length === 0 ? oldestUnsettled : this.#oldestTakenBack(oldestUnsettled);
-    return { field: this.#field, seq, oldestUnsettled, oldestTakenBack };
-  }
-
-  /** The oldest call taken back whose receipts still stay, or `oldestUnsettled` when it is older; forgets the others. */
-  #oldestTakenBack(oldestUnsettled: number): number {
-    const now = this.#now();
-    let oldest = oldestUnsettled;
-    let kept = 0;
-    for (const call of this.#takenBack) {
-      if (call.until <= now) continue;
-      this.#takenBack[kept++] = call;
-      oldest = Math.min(oldest, call.seq);
-    }
-    this.#takenBack.length = kept;
-    return oldest;
+    return { field: this.#field, seq, oldestUnsettled: this.#oldestUnsettled() };
   }
 
   /** The call was answered: nothing to take back. */
@@ -230,19 +184,12 @@ export class ReceiptLedger {
   async #undo(seq: number, call: DoubtfulCall): Promise<void> {
     try {
       // Commands of one connection run in order, so each undo runs after its doubtful call (if that ever runs).
-      await Promise.all(
-        [...call.keys].map((key) =>
-          this.#client.oapiUndo(key, this.#field, seq, this.#takenBackKeptMs).catch(notACounter),
-        ),
-      );
+      await Promise.all([...call.keys].map((key) => this.#client.oapiUndo(key, this.#field, seq).catch(notACounter)));
     } catch {
       // Redis is away again (or the undo timed out behind a slow Redis, where it still runs): tried again later.
       return;
     }
-    if (this.#inDoubt.delete(seq)) {
-      this.#settle(seq);
-      this.#takenBack.push({ seq, until: this.#now() + this.#takenBackKeptMs });
-    }
+    if (this.#inDoubt.delete(seq)) this.#settle(seq);
     if (this.#inDoubt.size === 0) {
       clearInterval(this.#reconcileTimer);
       this.#reconcileTimer = undefined;

@@ -25,6 +25,8 @@ export interface RedisProxy {
   holdNextCommand(marker: string): { readonly held: boolean; release(): void };
   /** From now on, how often `marker` passes to Redis (not counting a command failNextCommand loses). */
   countForwarded(marker: string): () => number;
+  /** From now on, how often `marker` passes from Redis to its clients (in replies, `-MOVED` say). */
+  countReplies(marker: string): () => number;
   delayRepliesMs: number;
   /** While true, every connection is closed, and new ones are closed as they come (a Redis that is away). */
   away: boolean;
@@ -42,6 +44,7 @@ export async function startRedisProxy(redisPort: number): Promise<RedisProxy> {
     away: false,
     lost: 0,
     markers: [] as Array<{ needle: Buffer; count: number }>,
+    replyMarkers: [] as Array<{ needle: Buffer; count: number }>,
     hold: undefined as { needle: Buffer; held: Buffer[] | undefined; release: () => void } | undefined,
   };
   const server = net.createServer((client) => {
@@ -91,9 +94,7 @@ export async function startRedisProxy(redisPort: number): Promise<RedisProxy> {
       forward(chunk);
     });
     const forward = (chunk: Buffer): void => {
-      for (const marker of state.markers)
-        for (let at = chunk.indexOf(marker.needle); at !== -1; at = chunk.indexOf(marker.needle, at + 1))
-          marker.count++;
+      countIn(chunk, state.markers);
       upstream.write(chunk);
     };
     upstream.on('data', (chunk: Buffer) => {
@@ -104,6 +105,7 @@ export async function startRedisProxy(redisPort: number): Promise<RedisProxy> {
         upstream.destroy();
         return;
       }
+      countIn(chunk, state.replyMarkers);
       if (state.delayRepliesMs > 0) setTimeout(() => client.write(chunk), state.delayRepliesMs);
       else client.write(chunk);
     });
@@ -134,6 +136,11 @@ export async function startRedisProxy(redisPort: number): Promise<RedisProxy> {
       state.markers.push(marker);
       return () => marker.count;
     },
+    countReplies(text) {
+      const marker = { needle: Buffer.from(text), count: 0 };
+      state.replyMarkers.push(marker);
+      return () => marker.count;
+    },
     get loseReplies() {
       return state.loseReplies;
     },
@@ -161,4 +168,10 @@ export async function startRedisProxy(redisPort: number): Promise<RedisProxy> {
       await new Promise<void>((resolve) => server.close(() => resolve()));
     },
   };
+}
+
+/** Adds to each marker's count the times its needle occurs in `chunk`. */
+function countIn(chunk: Buffer, markers: ReadonlyArray<{ needle: Buffer; count: number }>): void {
+  for (const marker of markers)
+    for (let at = chunk.indexOf(marker.needle); at !== -1; at = chunk.indexOf(marker.needle, at + 1)) marker.count++;
 }

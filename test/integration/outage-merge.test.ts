@@ -63,12 +63,7 @@ describe('OutageMerge', () => {
     expect(await inspect.pexpiretime(key)).toBe(r.expireAt);
     // A counted request leaves its receipt, which the merge must not drop: the ledger may still need it.
     const keysThenArgs: Array<string | number> = [key];
-    pushConsumeArgs(keysThenArgs, [{ request: r }], {
-      field: 'rc:one',
-      seq: 1,
-      oldestUnsettled: 1,
-      oldestTakenBack: 1,
-    });
+    pushConsumeArgs(keysThenArgs, [{ request: r }], { field: 'rc:one', seq: 1, oldestUnsettled: 1 });
     await client.eval(CONSUME_SCRIPT, 1, ...keysThenArgs);
     await merge.merge([entry]);
     expect(await inspect.hgetall(key)).toEqual({

@@ -3,7 +3,7 @@ import http from 'node:http';
 import calculateSlot from 'cluster-key-slot';
 import { Cluster, Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { clusterOptions, connectWithin, createRedisClient, type RedisClient } from '../../src/redis/connection.js';
+import { connectWithin, createClusterClient, createRedisClient, type RedisClient } from '../../src/redis/connection.js';
 import { RedisCounterStore } from '../../src/redis/counter-store.js';
 import { MASTER_DOWN_MS } from '../../src/redis/down-masters.js';
 import { UNDO_SCRIPT } from '../../src/redis/receipt-ledger.js';
@@ -89,7 +89,7 @@ describe('RedisCounterStore on a Redis Cluster, with keys in many slots', () => 
 describe('the Cluster client', () => {
   it('gets ready and counts through a seed address the cluster does not announce, a load balancer in front of it (regression: with node connections opened at once, its ready check failed again and again)', async () => {
     const seed = await startRedisProxy(cluster.ports[0] as number);
-    const viaSeed = new Cluster([{ host: '127.0.0.1', port: seed.port }], clusterOptions(1000));
+    const viaSeed = createClusterClient([{ host: '127.0.0.1', port: seed.port }], 1000);
     viaSeed.on('error', () => {});
     try {
       expect(await connectWithin(viaSeed, 5000)).toBe(true);
@@ -114,9 +114,10 @@ async function proxiedCluster(
   const natMap = Object.fromEntries(
     cluster.ports.map((port, i) => [`127.0.0.1:${port}`, { host: '127.0.0.1', port: proxies[i]?.port ?? 0 }]),
   );
-  const proxied = new Cluster(
+  const proxied = createClusterClient(
     proxies.map((p) => ({ host: '127.0.0.1', port: p.port })),
-    { ...clusterOptions(timeoutMs), natMap },
+    timeoutMs,
+    { natMap },
   );
   proxied.on('error', () => {});
   return {
@@ -138,6 +139,23 @@ async function masterOf(key: string): Promise<number> {
     return cluster.ports.indexOf(owner as number);
   } finally {
     node.disconnect();
+  }
+}
+
+/** Moves a slot and its keys from one master to another (CLUSTER SETSLOT, MIGRATE), as a resharding does. */
+async function moveSlot(slot: number, from: number, to: number): Promise<void> {
+  const nodes = cluster.ports.map((port) => new Redis({ host: '127.0.0.1', port, maxRetriesPerRequest: 1 }));
+  try {
+    const [oldNode, newNode] = [nodes[from] as Redis, nodes[to] as Redis];
+    const [fromId, toId] = await Promise.all([oldNode.cluster('MYID'), newNode.cluster('MYID')]);
+    await newNode.cluster('SETSLOT', slot, 'IMPORTING', fromId);
+    await oldNode.cluster('SETSLOT', slot, 'MIGRATING', toId);
+    const keys = await oldNode.cluster('GETKEYSINSLOT', slot, 1000);
+    if (keys.length > 0)
+      await oldNode.call('MIGRATE', '127.0.0.1', String(cluster.ports[to]), '', '0', '5000', 'KEYS', ...keys);
+    for (const node of nodes) await node.cluster('SETSLOT', slot, 'NODE', toId);
+  } finally {
+    for (const node of nodes) node.disconnect();
   }
 }
 
@@ -205,7 +223,7 @@ describe('RedisCounterStore on a Redis Cluster, when a node connection closes du
 
 describe('RedisCounterStore on a Redis Cluster, when the slot of a call in doubt moves to another master', () => {
   const TIMEOUT_MS = 1000;
-  it('counts a call that timed out nowhere when the old master redirects it (MOVED) to the new one after its undo ran there, even past later calls on the counter (regression: the undo found no receipt there and left none, and the redirected call counted)', async () => {
+  it('never sends a call that timed out on to the new master when the old one answers it with MOVED after the undo and a later call ran on the new one (regression: ioredis sent the call it had already rejected on, where it ran after its undo, and counted)', async () => {
     const { client: proxied, proxies, close } = await proxiedCluster(TIMEOUT_MS);
     const nodes = cluster.ports.map((port) => new Redis({ host: '127.0.0.1', port, maxRetriesPerRequest: 1 }));
     try {
@@ -216,7 +234,7 @@ describe('RedisCounterStore on a Redis Cluster, when the slot of a call in doubt
       const slot = calculateSlot(key);
       const from = await masterOf(key);
       const to = (from + 1) % cluster.ports.length;
-      const [oldNode, newNode] = [nodes[from] as Redis, nodes[to] as Redis];
+      const newNode = nodes[to] as Redis;
       const consume = (): Promise<Counts> => store.consume(request({ keyHash, hourLimit: 100, dayLimit: 100 }));
       expect(await consume()).toEqual({ allowed: true, hour: 1, day: 1 });
 
@@ -232,13 +250,8 @@ describe('RedisCounterStore on a Redis Cluster, when the slot of a call in doubt
       for (let i = 0; i < 100 && !held.held; i++) await new Promise((r) => setTimeout(r, 10));
       expect(held.held).toBe(true);
 
-      // The slot moves to the new master (CLUSTER SETSLOT, MIGRATE), and the client learns it.
-      const [fromId, toId] = await Promise.all([oldNode.cluster('MYID'), newNode.cluster('MYID')]);
-      await newNode.cluster('SETSLOT', slot, 'IMPORTING', fromId);
-      await oldNode.cluster('SETSLOT', slot, 'MIGRATING', toId);
-      const keys = await oldNode.cluster('GETKEYSINSLOT', slot, 1000);
-      await oldNode.call('MIGRATE', '127.0.0.1', String(cluster.ports[to]), '', '0', '5000', 'KEYS', ...keys);
-      for (const node of nodes) await node.cluster('SETSLOT', slot, 'NODE', toId);
+      // The slot moves to the new master, and the client learns it.
+      await moveSlot(slot, from, to);
       await new Promise<void>((resolve, reject) => proxied.refreshSlotsCache((err) => (err ? reject(err) : resolve())));
 
       // The call times out; its undo goes to the new master, where the call has not run.
@@ -249,13 +262,16 @@ describe('RedisCounterStore on a Redis Cluster, when the slot of a call in doubt
       expect(await consume()).toEqual({ allowed: true, hour: 2, day: 2 });
       const runsBefore = consumeRunsOnNew.reduce((sum, runs) => sum + runs(), 0);
 
-      // The old master reads the held call at last and answers MOVED: ioredis sends it to the new master.
+      // The old master reads the held call at last and answers MOVED, for a call that failed long ago.
+      const readByOld = (proxies[from] as RedisProxy).countForwarded(CONSUME_SHA);
+      const moved = (proxies[from] as RedisProxy).countReplies('-MOVED');
       held.release();
       const deadline = Date.now() + 3000;
-      while (consumeRunsOnNew.reduce((sum, runs) => sum + runs(), 0) === runsBefore && Date.now() < deadline)
-        await new Promise((r) => setTimeout(r, 20));
-      expect(consumeRunsOnNew.reduce((sum, runs) => sum + runs(), 0)).toBeGreaterThan(runsBefore);
-      await new Promise((r) => setTimeout(r, 100));
+      while (moved() === 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+      expect([readByOld(), moved()]).toEqual([1, 1]);
+      // Loopback: a call sent on to the new master would be there within milliseconds.
+      await new Promise((r) => setTimeout(r, 300));
+      expect(consumeRunsOnNew.reduce((sum, runs) => sum + runs(), 0)).toBe(runsBefore);
       expect(await newNode.hmget(key, 'hc', 'dc')).toEqual(['2', '2']);
       expect(await consume()).toEqual({ allowed: true, hour: 3, day: 3 });
     } finally {
@@ -263,6 +279,27 @@ describe('RedisCounterStore on a Redis Cluster, when the slot of a call in doubt
       await close();
     }
   }, 20_000);
+});
+
+describe('RedisCounterStore on a Redis Cluster, when a slot moves to another master', () => {
+  it("follows the old master's MOVED for a call that has not failed, and counts it on the new master once", async () => {
+    const store = new RedisCounterStore(client, storePrefix);
+    const keyHash = `follows-${Date.now().toString(36)}`;
+    const key = store.counterKey(keyHash, request().counterId);
+    const consume = (): Promise<Counts> => store.consume(request({ keyHash, hourLimit: 100, dayLimit: 100 }));
+    expect(await consume()).toEqual({ allowed: true, hour: 1, day: 1 });
+    const from = await masterOf(key);
+    const to = (from + 1) % cluster.ports.length;
+    await moveSlot(calculateSlot(key), from, to);
+    // The client still sends it to the old master, which answers MOVED.
+    expect(await consume()).toEqual({ allowed: true, hour: 2, day: 2 });
+    const newNode = new Redis({ host: '127.0.0.1', port: cluster.ports[to], maxRetriesPerRequest: 1 });
+    try {
+      expect(await newNode.hmget(key, 'hc', 'dc')).toEqual(['2', '2']);
+    } finally {
+      newNode.disconnect();
+    }
+  });
 });
 
 describe('a Limiter on a Redis Cluster, when one master is away', () => {
