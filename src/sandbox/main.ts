@@ -50,7 +50,7 @@ oapi-gateway sandbox
   gateway   ${base}   in-memory counters, limits from ${gateway.tables.displayName}
   bridges   eqt ${eqt.url}, fno ${fno.url}   (sandbox stand-ins)
   admin     ${gateway.adminUrl}   bearer token ${adminToken}
-  API key   ${key}   (issued for this run)
+  API key   ${key}   (issued for this run, id ${issued.record.id})
 
 Log in as the demo account (a token set comes back, with the usage headers):
   ${login(DEMO_PASSWORD)}

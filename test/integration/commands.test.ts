@@ -260,5 +260,10 @@ describe('npm run sandbox', () => {
     };
     expect(usage.endpoints.find((e) => e.route === 'POST /auth/token')?.hour.used).toBe(2);
     expect(usage.endpoints.find((e) => e.route === 'GET /orders/{id}')?.hour.used).toBe(1);
+    // The key's id, which the admin API's key paths take, is printed beside it.
+    const id = /id (sandbox-\d+)\)/.exec(out)?.[1];
+    expect(id).toBeDefined();
+    const byId = await sh(curls[3]!.replace(/\/admin\/usage\/\S+/, `/admin/keys/${id}/usage`));
+    expect(JSON.parse(byId)).toEqual(usage);
   });
 });
