@@ -305,9 +305,12 @@ export class Limiter {
         () => this.#observer?.merged?.(entries.length, 'ok'),
         (err: unknown) => {
           const retry = err instanceof MergeFailedError ? err.notApplied : [];
+          const applied = err instanceof MergeFailedError ? err.applied : 0;
           for (const entry of retry) this.#addUnmerged(entry);
           this.#mergeNotBefore = this.#clock.now() + this.#retryAfterMs;
-          this.#observer?.merged?.(entries.length - retry.length, 'failed');
+          if (applied > 0) this.#observer?.merged?.(applied, 'ok');
+          const lost = entries.length - retry.length - applied;
+          if (lost > 0) this.#observer?.merged?.(lost, 'failed');
         },
       )
       .finally(() => {

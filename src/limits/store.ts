@@ -96,14 +96,17 @@ export class StoreUnavailableError extends Error {
 
 /**
  * A merge that failed part-way. `notApplied` are the entries it certainly did not add (their
- * calls were never sent), which may be tried again; the others may have been added.
+ * calls were never sent), which may be tried again; `applied` of the others it certainly added
+ * (their calls were answered); the rest may have been added.
  */
 export class MergeFailedError extends StoreUnavailableError {
   readonly notApplied: readonly MergeEntry[];
+  readonly applied: number;
 
-  constructor(cause: StoreUnavailableError, notApplied: readonly MergeEntry[]) {
+  constructor(cause: StoreUnavailableError, notApplied: readonly MergeEntry[], applied = 0) {
     super(cause.kind, cause.message, { cause, part: cause.part });
     this.name = 'MergeFailedError';
     this.notApplied = notApplied;
+    this.applied = applied;
   }
 }

@@ -48,6 +48,10 @@ function clusterOptions(commandTimeoutMs: number): ClusterOptions {
     // command for a node whose connection is still opening fails (a node not yet connecting takes
     // it), so connectWithin opens every master's connection before the gateway serves.
     retryDelayOnFailover: 0,
+    // Nor a while after a CLUSTERDOWN answer (a slot no master serves): ioredis would send the
+    // command again later through its delay queue, past CountersCluster's guard, even after it
+    // had timed out. At 0 the answer fails the command as Redis's refusal: nothing ran.
+    retryDelayOnClusterDown: 0,
     // Node connections stay lazy: ioredis's ready check fails on a node still connecting, and
     // eager ones made it reconnect over and over.
     redisOptions: commonOptions(commandTimeoutMs),
@@ -56,13 +60,16 @@ function clusterOptions(commandTimeoutMs: number): ClusterOptions {
 
 /**
  * The counters' Cluster client: a command that has failed (timed out) never follows a redirection
- * that comes for it afterwards. ioredis sends a command again wherever a master's answer points
- * it (MOVED, ASK, TRYAGAIN), even one it has already rejected: a consume call that timed out on a
+ * that comes for it afterwards. ioredis sends a command on at once wherever a master's answer
+ * points it (MOVED, ASK), even one it has already rejected: a consume call that timed out on a
  * master whose slot has moved since is then run by the new master after its receipt's undo ran
  * there, and counts once more (docs/operations.md "Redis": no unit is counted twice). ioredis
  * follows redirections through the `reject` it puts on each command it sends without a node;
  * this puts one more in front of it, which drops what comes once the command's promise has
- * failed. test/integration/redis-cluster.test.ts pins it on a real cluster whose slot moves.
+ * failed. (The answers ioredis retries after a delay instead, CLUSTERDOWN and TRYAGAIN, go
+ * through its delay queue, which this cannot see: clusterOptions makes CLUSTERDOWN final, and
+ * TRYAGAIN only comes for commands of several keys, which the counters never send to a Cluster.)
+ * test/integration/redis-cluster.test.ts pins both on a real cluster.
  */
 export class CountersCluster extends Cluster {
   override sendCommand(command: Command, stream?: Parameters<Cluster['sendCommand']>[1], node?: unknown): unknown {
@@ -82,7 +89,7 @@ export class CountersCluster extends Cluster {
   }
 }
 
-/** Commands a CountersCluster has put its guard on (ioredis sends a redirected command again with a node). */
+/** Commands a CountersCluster has put its guard on (ioredis puts its own on a command once, too). */
 const guarded = new WeakSet<Command>();
 
 /** A Cluster client for the counters; `extra` options for tests (natMap). */

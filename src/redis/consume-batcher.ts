@@ -3,6 +3,7 @@ import { CONSUME_SCRIPT, pushConsumeArgs, RECEIPTS_KEPT } from '../limits/count-
 import { StoreUnavailableError, type ConsumeRequest, type Counts } from '../limits/store.js';
 import type { RedisClient } from './connection.js';
 import type { DownMasters } from './down-masters.js';
+import { toStoreError } from './errors.js';
 import type { ReceiptLedger } from './receipt-ledger.js';
 
 /**
@@ -23,9 +24,9 @@ import type { ReceiptLedger } from './receipt-ledger.js';
  * Every call carries a receipt from the ledger, which is told how every call ended
  * (redis/receipt-ledger.ts). No call is sent on a connection that is not ready (it could not
  * run), nor while MAX_CALLS_OUT are out: its requests are decided as when Redis is away. On a
- * Cluster, a call that fails on its master's connection makes that master away for a while
- * (redis/down-masters.ts), and the calls for its slots are not sent meanwhile: the failures of
- * both kinds are the store's `part` only.
+ * Cluster, a call that fails on its master's connection marks that master as away until a call
+ * there is answered (redis/down-masters.ts), and the calls for its slots are not sent meanwhile,
+ * but for one a second that tries it again: the failures of both kinds are the store's `part` only.
  */
 
 /**
@@ -155,7 +156,7 @@ export class ConsumeBatcher {
     }
     const alone = this.#batching ? undefined : (batch[0] as Pending).key;
     if (alone !== undefined) this.#inFlightByKey.set(alone, (this.#inFlightByKey.get(alone) ?? 0) + 1);
-    const receipt = this.#ledger.issue();
+    const receipt = this.#ledger.issue(alone);
     const keysThenArgs: Array<string | number> = batch.map((p) => p.key);
     pushConsumeArgs(keysThenArgs, batch, receipt);
     const [firstKey, ...rest] = keysThenArgs as [string, ...Array<string | number>];
@@ -167,6 +168,8 @@ export class ConsumeBatcher {
     reply.then(
       (counts) => {
         this.#answered(alone);
+        // A master taken as away answers again.
+        if (alone !== undefined && this.#downMasters?.any) this.#downMasters.answered(alone);
         this.#ledger.settled(receipt);
         this.#sendWhenFree();
         batch.forEach((pending, i) =>
@@ -179,17 +182,16 @@ export class ConsumeBatcher {
       },
       (err: unknown) => {
         this.#answered(alone);
-        let failure = this.#ledger.failed(receipt, { keys: batch.map((p) => p.key) }, err);
-        if (
+        // One master's connection failed, and the Cluster still answers for the others: that master
+        // is marked first, so that the ledger sends no undo there before it answers again.
+        const part =
           alone !== undefined &&
-          this.#downMasters &&
-          failure.kind === 'connection' &&
-          this.#client.status === 'ready'
-        ) {
-          // One master's connection failed, and the Cluster still answers for the others.
-          this.#downMasters.failed(alone);
-          failure = new StoreUnavailableError(failure.kind, failure.message, { cause: failure.cause, part: true });
-        }
+          this.#downMasters !== undefined &&
+          this.#client.status === 'ready' &&
+          toStoreError(err).kind === 'connection';
+        if (part) this.#downMasters?.failed(alone);
+        let failure = this.#ledger.failed(receipt, { keys: batch.map((p) => p.key) }, err);
+        if (part) failure = new StoreUnavailableError(failure.kind, failure.message, { cause: failure.cause, part });
         for (const pending of batch) pending.reject(failure);
         this.#sendWhenFree();
       },

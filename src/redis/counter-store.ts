@@ -29,8 +29,8 @@ export class RedisCounterStore implements CounterStore {
   constructor(client: RedisClient, prefix: string) {
     this.#client = client;
     this.#prefix = prefix;
-    this.#ledger = new ReceiptLedger(client);
     const downMasters = (client as Cluster).isCluster ? new DownMasters(client as Cluster) : undefined;
+    this.#ledger = new ReceiptLedger(client, { downMasters });
     this.#batcher = new ConsumeBatcher(client, this.#ledger, { downMasters });
     this.#merge = new OutageMerge(client, (e) => this.counterKey(e.keyHash, e.counterId), { downMasters });
   }

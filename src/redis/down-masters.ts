@@ -2,27 +2,35 @@ import calculateSlot from 'cluster-key-slot';
 import type { Cluster } from 'ioredis';
 
 /**
- * How long a Cluster master whose connection failed is taken as away: as long as the limiter
- * takes the whole store as away after a failure of it (limits/limiter.ts, retryStoreAfterMs).
+ * How long a Cluster master whose connection failed is taken as away before one call tries it
+ * again: as long as the limiter takes the whole store as away after a failure of it
+ * (limits/limiter.ts, retryStoreAfterMs).
  */
 export const MASTER_DOWN_MS = 1000;
 
+/** A mark that ran out this long ago, and was never cleared by an answer, belongs to a master that is gone. */
+const FORGOTTEN_AFTER_MS = 60_000;
+
 /**
- * On a Redis Cluster, the masters whose connection failed lately (docs/operations.md "Redis": one
- * master away). While one is away, the calls for keys in its slots are not sent: they fail at once,
- * before any receipt is issued (nothing ran, so there is nothing to take back), and only the
- * requests on its counters are decided without Redis; the other masters go on counting.
+ * On a Redis Cluster, the masters whose connection failed (docs/operations.md "Redis": one master
+ * away). A master stays marked until a counting call on it is answered. While it is marked, calls
+ * for keys in its slots are not sent (they fail at once, before any receipt is issued: nothing
+ * ran, so there is nothing to take back), but for one call every MASTER_DOWN_MS that tries it
+ * again; the outage merge and the undos of calls in doubt wait for an answer. The other masters
+ * go on counting.
+ *
+ * Each mark is kept under the master's node key and under the slot of the call that failed: behind
+ * a NAT map (natMap) ioredis names a master in its slot map by its mapped address or, after a
+ * redirection, by the one the cluster announces.
  */
 export class DownMasters {
   readonly #cluster: Cluster;
   readonly #downMs: number;
   readonly #now: () => number;
-  /**
-   * Master (its node key, as the slot map names it) to the moment it is tried again; and the slot
-   * of the call that failed, by its number: behind a NAT map (natMap), ioredis names a master in
-   * its slot map by its mapped address or, after a redirection, by the one the cluster announces.
-   */
+  /** Master (its node key) or slot (its number) to the moment a call may try it again. */
   readonly #until = new Map<string | number, number>();
+  /** When marks that ran out long ago are dropped next. */
+  #sweepAt = 0;
 
   constructor(cluster: Cluster, options: { readonly downMs?: number; readonly now?: () => number } = {}) {
     this.#cluster = cluster;
@@ -30,17 +38,39 @@ export class DownMasters {
     this.#now = options.now ?? (() => performance.now());
   }
 
-  /** The master serving `key`'s slot, when it is taken as away. */
-  downFor(key: string): string | undefined {
-    // Nearly always none is: no slot is computed then.
-    if (this.#until.size === 0) return undefined;
-    const slot = calculateSlot(key);
-    const master = this.#cluster.slots[slot]?.[0];
-    if (master !== undefined && this.#isAway(master)) return master;
-    return this.#isAway(slot) ? (master ?? `of slot ${slot}`) : undefined;
+  /** Whether any master is marked: when none is (nearly always), nothing else here computes a slot. */
+  get any(): boolean {
+    return this.#until.size > 0;
   }
 
-  /** A call for `key` failed on its connection: its master (and its slot) is taken as away for a while. */
+  /**
+   * The master serving `key`'s slot, when a counting call for it must not be sent now. When the
+   * master is marked but its time has come, this call is let through to try it (and the next one
+   * only MASTER_DOWN_MS later): the caller tells answered() or failed().
+   */
+  downFor(key: string): string | undefined {
+    if (this.#until.size === 0) return undefined;
+    const now = this.#now();
+    if (now >= this.#sweepAt) this.#sweep(now);
+    const slot = calculateSlot(key);
+    const master = this.#cluster.slots[slot]?.[0];
+    const marks = [master, slot].filter((m): m is string | number => m !== undefined && this.#until.has(m));
+    if (marks.length === 0) return undefined;
+    if (marks.some((m) => (this.#until.get(m) as number) > now)) return master ?? `of slot ${slot}`;
+    // Its time has come: this call tries it, and the next may only once this one has had its time.
+    for (const m of marks) this.#until.set(m, now + this.#downMs);
+    return undefined;
+  }
+
+  /** Whether `key`'s master is marked (whatever its time): no merge or undo is sent there until a call is answered. */
+  marked(key: string): boolean {
+    if (this.#until.size === 0) return false;
+    const slot = calculateSlot(key);
+    const master = this.#cluster.slots[slot]?.[0];
+    return this.#until.has(slot) || (master !== undefined && this.#until.has(master));
+  }
+
+  /** A counting call for `key` failed on its connection: its master (and its slot) is marked. */
   failed(key: string): void {
     const slot = calculateSlot(key);
     const until = this.#now() + this.#downMs;
@@ -49,11 +79,21 @@ export class DownMasters {
     if (master !== undefined) this.#until.set(master, until);
   }
 
-  #isAway(masterOrSlot: string | number): boolean {
-    const until = this.#until.get(masterOrSlot);
-    if (until === undefined) return false;
-    if (until > this.#now()) return true;
-    this.#until.delete(masterOrSlot);
-    return false;
+  /** A counting call for `key` was answered: its master is back, with every slot the slot map gives it. */
+  answered(key: string): void {
+    if (this.#until.size === 0) return;
+    const slot = calculateSlot(key);
+    this.#until.delete(slot);
+    const master = this.#cluster.slots[slot]?.[0];
+    if (master === undefined) return;
+    this.#until.delete(master);
+    for (const mark of this.#until.keys())
+      if (typeof mark === 'number' && this.#cluster.slots[mark]?.[0] === master) this.#until.delete(mark);
+  }
+
+  /** Drops the marks that ran out long ago and were never answered (a master replaced by a fail-over). */
+  #sweep(now: number): void {
+    this.#sweepAt = now + this.#downMs;
+    for (const [mark, until] of this.#until) if (until + FORGOTTEN_AFTER_MS < now) this.#until.delete(mark);
   }
 }

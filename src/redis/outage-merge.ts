@@ -51,22 +51,25 @@ export class OutageMerge {
    * counter. After a failed call no further wave is sent, and the error (MergeFailedError) names
    * the entries certainly not added: those of the waves not sent, and on a Cluster those of
    * masters taken as away, which are not sent either (a call that fails on its master's
-   * connection makes that master away).
+   * connection marks that master, until a counting call there is answered).
    */
   async merge(entries: readonly MergeEntry[]): Promise<void> {
     const notApplied: MergeEntry[] = [];
     let failure: StoreUnavailableError | undefined;
     let away: StoreUnavailableError | undefined;
+    /** Entries whose call was answered. */
+    let applied = 0;
     for (let i = 0; i < entries.length; i += MERGE_CHUNK) {
       let wave = entries.slice(i, i + MERGE_CHUNK);
       if (failure) {
         notApplied.push(...wave);
         continue;
       }
-      if (this.#downMasters) {
-        const sent = wave.filter((e) => this.#downMasters?.downFor(this.#keyOf(e)) === undefined);
+      if (this.#downMasters?.any) {
+        // Nothing goes to a master taken as away until a counting call there is answered.
+        const sent: MergeEntry[] = [];
+        for (const e of wave) (this.#downMasters.marked(this.#keyOf(e)) ? notApplied : sent).push(e);
         if (sent.length < wave.length) {
-          notApplied.push(...wave.filter((e) => !sent.includes(e)));
           away ??= new StoreUnavailableError('connection', 'Redis unavailable: a Cluster master is away', {
             part: true,
           });
@@ -77,14 +80,17 @@ export class OutageMerge {
       // the writes it made), so only the waves never sent count as not applied.
       const results = await Promise.allSettled(this.#send(wave));
       results.forEach((result, k) => {
-        if (result.status === 'fulfilled') return;
+        if (result.status === 'fulfilled') {
+          applied += this.#batching ? wave.length : 1;
+          return;
+        }
         const error = toStoreError(result.reason);
         if (this.#downMasters && error.kind === 'connection' && this.#client.status === 'ready')
           this.#downMasters.failed(this.#keyOf(wave[k] as MergeEntry));
         failure ??= error;
       });
     }
-    if (failure ?? away) throw new MergeFailedError((failure ?? away) as StoreUnavailableError, notApplied);
+    if (failure ?? away) throw new MergeFailedError((failure ?? away) as StoreUnavailableError, notApplied, applied);
   }
 
   #send(wave: readonly MergeEntry[]): Array<Promise<number>> {

@@ -2,6 +2,7 @@ import { randomBytes } from 'node:crypto';
 import type { Receipt } from '../limits/count-rules.js';
 import type { StoreUnavailableError } from '../limits/store.js';
 import type { RedisClient } from './connection.js';
+import type { DownMasters } from './down-masters.js';
 import { toStoreError } from './errors.js';
 
 /**
@@ -20,7 +21,9 @@ import { toStoreError } from './errors.js';
  *
  * A call is unsettled from the moment it is sent until it is answered, or, in doubt, until its
  * units were taken back; each call tells the script the oldest unsettled one, and the script
- * keeps every receipt from there on (up to RECEIPTS_KEPT of the instance). So a receipt is still
+ * keeps every receipt from there on (up to RECEIPTS_KEPT of the instance). A call of one counter
+ * (on a Cluster, every call) names the oldest unsettled call of that counter: a call in doubt
+ * behind a master that is away then keeps no receipts in the counters of the other masters. So a receipt is still
  * there when its undo runs: the undo is sent as soon as the call fails on a live connection, or
  * when a new one is ready, so the calls that run between a call in doubt and its undo are those
  * that were out with it, fewer than the batcher lets out at once (MAX_CALLS_OUT).
@@ -89,12 +92,19 @@ export class ReceiptLedger {
   /** Calls settled while an older one is still unsettled. */
   readonly #settledEarly = new Set<number>();
   readonly #inDoubt = new Map<number, DoubtfulCall>();
+  /** Calls of one counter not settled yet, per counter, in the order they were issued. */
+  readonly #unsettledOf = new Map<string, number[]>();
+  /** The counter of each such call. */
+  readonly #counterOf = new Map<number, string>();
+  readonly #downMasters: DownMasters | undefined;
   #reconciling: Promise<void> | undefined;
   #reconcileTimer: NodeJS.Timeout | undefined;
 
-  constructor(client: RedisClient) {
+  /** `downMasters`: on a Cluster, the masters taken as away, to which no undo is sent until they answer. */
+  constructor(client: RedisClient, options: { readonly downMasters?: DownMasters } = {}) {
     client.defineCommand('oapiUndo', { numberOfKeys: 1, lua: UNDO_SCRIPT });
     this.#client = client as RedisClient & UndoCommand;
+    this.#downMasters = options.downMasters;
     client.on('ready', this.#onReady);
   }
 
@@ -110,11 +120,19 @@ export class ReceiptLedger {
     return this.#unsettled.length - this.#unsettledHead - this.#settledEarly.size;
   }
 
-  /** The receipt of a new call, which is unsettled from now on until settled() or failed() and taken back. */
-  issue(): Receipt {
+  /**
+   * The receipt of a new call, which is unsettled from now on until settled() or failed() and
+   * taken back; `counter`: the call's one counter, when it has only one.
+   */
+  issue(counter?: string): Receipt {
     const seq = this.#nextSeq++;
     this.#unsettled.push(seq);
-    return { field: this.#field, seq, oldestUnsettled: this.#oldestUnsettled() };
+    if (counter === undefined) return { field: this.#field, seq, oldestUnsettled: this.#oldestUnsettled() };
+    let calls = this.#unsettledOf.get(counter);
+    if (!calls) this.#unsettledOf.set(counter, (calls = []));
+    calls.push(seq);
+    this.#counterOf.set(seq, counter);
+    return { field: this.#field, seq, oldestUnsettled: calls[0] as number };
   }
 
   /** The call was answered: nothing to take back. */
@@ -123,6 +141,13 @@ export class ReceiptLedger {
   }
 
   #settle(seq: number): void {
+    const counter = this.#counterOf.get(seq);
+    if (counter !== undefined) {
+      this.#counterOf.delete(seq);
+      const calls = this.#unsettledOf.get(counter) as number[];
+      calls.splice(calls.indexOf(seq), 1);
+      if (calls.length === 0) this.#unsettledOf.delete(counter);
+    }
     if (seq < this.#oldestUnsettled()) return; // settled before
     if (this.#unsettled[this.#unsettledHead] !== seq) {
       this.#settledEarly.add(seq);
@@ -165,7 +190,7 @@ export class ReceiptLedger {
     // On a connection still up (a timed-out call is still queued on it) the undo goes at once: right
     // behind the doubtful call and ahead of every call sent after this, none of which can then push
     // its receipt out first. On a connection that is down, 'ready' sends it, before any new call.
-    if (this.#client.status === 'ready') void this.#undo(receipt.seq, doubtful);
+    if (this.#client.status === 'ready' && !this.#behindMasterAway(doubtful)) void this.#undo(receipt.seq, doubtful);
     return failure;
   }
 
@@ -173,11 +198,20 @@ export class ReceiptLedger {
   reconcile(): Promise<void> {
     if (this.#inDoubt.size === 0 || this.#client.status !== 'ready') return Promise.resolve();
     // Each call is settled as soon as its own undo is through: one counter on a Cluster node that
-    // is down holds back no other. What fails is tried again by the timer, or on 'ready'.
-    this.#reconciling ??= Promise.all([...this.#inDoubt].map(([seq, call]) => this.#undo(seq, call))).then(() => {
+    // is down holds back no other. What fails is tried again by the timer, or on 'ready'; a call
+    // of a master taken as away waits until a call there is answered.
+    this.#reconciling ??= Promise.all(
+      [...this.#inDoubt].flatMap(([seq, call]) => (this.#behindMasterAway(call) ? [] : [this.#undo(seq, call)])),
+    ).then(() => {
       this.#reconciling = undefined;
     });
     return this.#reconciling;
+  }
+
+  #behindMasterAway(call: DoubtfulCall): boolean {
+    if (!this.#downMasters?.any) return false;
+    for (const key of call.keys) if (this.#downMasters.marked(key)) return true;
+    return false;
   }
 
   /** The undo of one doubtful call, on every counter it touched; the call is settled once it is through. */

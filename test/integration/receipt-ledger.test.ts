@@ -1,6 +1,9 @@
+import calculateSlot from 'cluster-key-slot';
+import type { Cluster } from 'ioredis';
 import { afterAll, describe, expect, it } from 'vitest';
 import { CONSUME_SCRIPT, pushConsumeArgs, RECEIPTS_KEPT, type Receipt } from '../../src/limits/count-rules.js';
 import { createRedisClient, type RedisClient } from '../../src/redis/connection.js';
+import { DownMasters } from '../../src/redis/down-masters.js';
 import { ReceiptLedger } from '../../src/redis/receipt-ledger.js';
 import { request } from '../helpers/store-contract.js';
 import {
@@ -219,6 +222,41 @@ describe('ReceiptLedger: what it takes back', () => {
     expect(ledger.unsettled).toBe(0);
     // The counter that is one still gets its unit back.
     expect((await counter(other, doubtful.field)).slice(1, 4)).toEqual(['0', String(D), '0']);
+    ledger.close();
+  });
+
+  it('names in the receipt of a call of one counter the oldest unsettled call of that counter: a call in doubt keeps receipts in its own counters only (regression: on a Cluster, one behind a master away kept 512 in every counter of the others)', () => {
+    const ledger = new ReceiptLedger(client);
+    const doubtful = ledger.issue('a');
+    ledger.failed(doubtful, { keys: ['a'] }, connectionLost);
+    const elsewhere = ledger.issue('b');
+    expect(elsewhere.oldestUnsettled).toBe(elsewhere.seq);
+    const again = ledger.issue('a');
+    expect(again.oldestUnsettled).toBe(doubtful.seq);
+    ledger.settled(elsewhere);
+    ledger.settled(again);
+    // A call of several counters names the oldest of all.
+    expect(ledger.issue().oldestUnsettled).toBe(doubtful.seq);
+    ledger.close();
+  });
+
+  it('sends no undo to a Cluster master taken as away until a call there is answered', async () => {
+    const key = newKey();
+    const slots: string[][] = [];
+    slots[calculateSlot(key)] = ['10.0.0.1:6379'];
+    const downMasters = new DownMasters({ slots } as unknown as Cluster);
+    const ledger = new ReceiptLedger(client, { downMasters });
+    const doubtful = ledger.issue(key);
+    await count(client, doubtful, [key]);
+    downMasters.failed(key);
+    ledger.failed(doubtful, { keys: [key] }, connectionLost);
+    await ledger.reconcile();
+    expect(ledger.inDoubt).toBe(1);
+    expect((await counter(key, doubtful.field)).slice(1, 4)).toEqual(['1', String(D), '1']);
+    downMasters.answered(key);
+    await ledger.reconcile();
+    expect(ledger.inDoubt).toBe(0);
+    expect((await counter(key, doubtful.field)).slice(1, 4)).toEqual(['0', String(D), '0']);
     ledger.close();
   });
 

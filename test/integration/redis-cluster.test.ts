@@ -302,16 +302,58 @@ describe('RedisCounterStore on a Redis Cluster, when a slot moves to another mas
   });
 });
 
+describe('RedisCounterStore on a Redis Cluster, when no master serves a slot for a while', () => {
+  it('fails a call for it at once as a refusal (nothing ran), and never sends it again (regression: ioredis sent it again 100 ms after CLUSTERDOWN, through its delay queue, also after the call had timed out)', async () => {
+    const store = new RedisCounterStore(client, storePrefix);
+    const keyHash = `clusterdown-${Date.now().toString(36)}`;
+    const key = store.counterKey(keyHash, request().counterId);
+    const consume = (): Promise<Counts> => store.consume(request({ keyHash, hourLimit: 100, dayLimit: 100 }));
+    expect(await consume()).toEqual({ allowed: true, hour: 1, day: 1 });
+    const slot = calculateSlot(key);
+    const owner = new Redis({ host: '127.0.0.1', port: cluster.ports[await masterOf(key)], maxRetriesPerRequest: 1 });
+    try {
+      await owner.cluster('DELSLOTS', slot);
+      try {
+        await expect(consume()).rejects.toMatchObject({ kind: 'reply' });
+      } finally {
+        await owner.cluster('ADDSLOTS', slot);
+      }
+      // Past the delay ioredis would send it again after (100 ms by default), with the slot served again.
+      await new Promise((r) => setTimeout(r, 300));
+      expect(await owner.hmget(key, 'hc', 'dc')).toEqual(['1', '1']);
+      expect(await consume()).toEqual({ allowed: true, hour: 2, day: 2 });
+    } finally {
+      owner.disconnect();
+    }
+  });
+});
+
 describe('a Limiter on a Redis Cluster, when one master is away', () => {
   it("decides only the requests on that master's counters without Redis, counts the others in the cluster meanwhile, and adds what it admitted to the master once it is back (regression: the whole instance counted in memory, every key, for as long as the master was away)", async () => {
     const { client: proxied, proxies, close } = await proxiedCluster(200);
     try {
       expect(await connectWithin(proxied, 5000)).toBe(true);
-      const parsed = parseLimits(LIMITS, 'limits.yaml');
+      const parsed = parseLimits(
+        'timezone: UTC\nlimits:\n  - { name: Orders, route: "GET /orders", per_hour: 1000, per_day: 2000 }\n',
+        'limits.yaml',
+      );
       if (!parsed.ok) throw new Error('invalid test table');
       const row = parsed.table.rows[0] as LimitRow;
       const store = new RedisCounterStore(proxied, storePrefix);
-      const limiter = new Limiter({ store, insurance: new MemoryCounterStore(), failureMode: 'insurance' });
+      let lostInMerges = 0;
+      const limiter = new Limiter({
+        store,
+        insurance: new MemoryCounterStore(),
+        failureMode: 'insurance',
+        observer: {
+          storeError: () => {},
+          fallback: () => {},
+          storeCall: () => {},
+          merged: (units, result) => {
+            if (result === 'failed') lostInMerges += units;
+          },
+        },
+      });
       const check = async (keyHash: string): Promise<string> => {
         const d = await limiter.check({ keyHash, row, limits: row.limits, calendar: parsed.table.calendar });
         if (d.kind !== 'counted' || !d.allowed) throw new Error(`not admitted: ${JSON.stringify(d)}`);
@@ -338,6 +380,21 @@ describe('a Limiter on a Redis Cluster, when one master is away', () => {
       }
       expect(sources[elsewhere]).toEqual(Array.from({ length: 10 }, () => 'store'));
       expect(sources[onAway]).toEqual(Array.from({ length: 10 }, () => 'insurance'));
+      // Then, for longer than a master stays marked without a call that tries it, requests on the
+      // other master only: the merges they bring send nothing to the master away (regression: one
+      // was sent once the mark had run out, failed, and its units stayed in this instance only).
+      for (let i = 0; i < 20; i++) {
+        expect(await check(elsewhere)).toBe('store');
+        await new Promise((r) => setTimeout(r, 75));
+      }
+      await limiter.merged();
+      expect(lostInMerges).toBe(0);
+      // A call in doubt on the master away keeps no receipts in the other master's counters
+      // (regression: it kept every receipt since, up to 512, and each call there scanned them all).
+      const receipts = Object.entries(await client.hgetall(store.counterKey(elsewhere, row.counterId)))
+        .filter(([field]) => field.startsWith('rc:'))
+        .map(([, rc]) => rc.split(',').length - 1);
+      expect(receipts).toEqual([1]);
 
       (proxies[0] as RedisProxy).away = false;
       let source = 'insurance';
@@ -359,7 +416,8 @@ describe('a Limiter on a Redis Cluster, when one master is away', () => {
         String(admitted),
         String(admitted),
       ]);
-      expect(await client.hmget(store.counterKey(elsewhere, row.counterId), 'hc', 'dc')).toEqual(['11', '11']);
+      expect(await client.hmget(store.counterKey(elsewhere, row.counterId), 'hc', 'dc')).toEqual(['31', '31']);
+      expect(lostInMerges).toBe(0);
     } finally {
       await close();
     }
