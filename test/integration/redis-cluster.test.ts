@@ -222,7 +222,8 @@ describe('RedisCounterStore on a Redis Cluster, when a node connection closes du
 });
 
 describe('RedisCounterStore on a Redis Cluster, when the slot of a call in doubt moves to another master', () => {
-  const TIMEOUT_MS = 1000;
+  /** Long enough for the slot to move and the client to learn it before the held call times out, on a slow machine too. */
+  const TIMEOUT_MS = 1500;
   it('never sends a call that timed out on to the new master when the old one answers it with MOVED after the undo and a later call ran on the new one (regression: ioredis sent the call it had already rejected on, where it ran after its undo, and counted)', async () => {
     const { client: proxied, proxies, close } = await proxiedCluster(TIMEOUT_MS);
     const nodes = cluster.ports.map((port) => new Redis({ host: '127.0.0.1', port, maxRetriesPerRequest: 1 }));
@@ -268,7 +269,9 @@ describe('RedisCounterStore on a Redis Cluster, when the slot of a call in doubt
       held.release();
       const deadline = Date.now() + 3000;
       while (moved() === 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
-      expect([readByOld(), moved()]).toEqual([1, 1]);
+      // (A second MOVED, for the call's undo, comes only when the slot took longer than the timeout to move.)
+      expect(readByOld()).toBe(1);
+      expect(moved()).toBeGreaterThanOrEqual(1);
       // Loopback: a call sent on to the new master would be there within milliseconds.
       await new Promise((r) => setTimeout(r, 300));
       expect(consumeRunsOnNew.reduce((sum, runs) => sum + runs(), 0)).toBe(runsBefore);
