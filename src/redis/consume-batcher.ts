@@ -168,8 +168,9 @@ export class ConsumeBatcher {
     reply.then(
       (counts) => {
         this.#answered(alone);
-        // A master taken as away answers again.
-        if (alone !== undefined && this.#downMasters?.any) this.#downMasters.answered(alone);
+        // A master taken as away answers again: the undos held back for it go at once.
+        if (alone !== undefined && this.#downMasters?.any && this.#downMasters.answered(alone))
+          this.#ledger.masterAnswered();
         this.#ledger.settled(receipt);
         this.#sendWhenFree();
         batch.forEach((pending, i) =>

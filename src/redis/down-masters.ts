@@ -8,7 +8,7 @@ import type { Cluster } from 'ioredis';
  */
 export const MASTER_DOWN_MS = 1000;
 
-/** A mark that ran out this long ago, and was never cleared by an answer, belongs to a master that is gone. */
+/** A slot's mark that ran out this long ago, its master not marked (a fail-over, or a NAT map's other name), is dropped. */
 const FORGOTTEN_AFTER_MS = 60_000;
 
 /**
@@ -79,21 +79,41 @@ export class DownMasters {
     if (master !== undefined) this.#until.set(master, until);
   }
 
-  /** A counting call for `key` was answered: its master is back, with every slot the slot map gives it. */
-  answered(key: string): void {
-    if (this.#until.size === 0) return;
+  /**
+   * A counting call for `key` was answered: its master is back, with every slot the slot map gives
+   * it. Whether a mark was cleared (the undos held back for it can go).
+   */
+  answered(key: string): boolean {
+    if (this.#until.size === 0) return false;
+    const before = this.#until.size;
     const slot = calculateSlot(key);
     this.#until.delete(slot);
     const master = this.#cluster.slots[slot]?.[0];
-    if (master === undefined) return;
-    this.#until.delete(master);
-    for (const mark of this.#until.keys())
-      if (typeof mark === 'number' && this.#cluster.slots[mark]?.[0] === master) this.#until.delete(mark);
+    if (master !== undefined) {
+      this.#until.delete(master);
+      for (const mark of this.#until.keys())
+        if (typeof mark === 'number' && this.#cluster.slots[mark]?.[0] === master) this.#until.delete(mark);
+    }
+    return this.#until.size < before;
   }
 
-  /** Drops the marks that ran out long ago and were never answered (a master replaced by a fail-over). */
+  /**
+   * Drops the marks of a master the slot map no longer names (replaced by a fail-over), and the
+   * marks of slots whose master now is not marked, that no call has tried for a minute. A master
+   * that is still named stays marked, tried or not, until a call there is answered.
+   */
   #sweep(now: number): void {
     this.#sweepAt = now + this.#downMs;
-    for (const [mark, until] of this.#until) if (until + FORGOTTEN_AFTER_MS < now) this.#until.delete(mark);
+    const named = new Set<string>();
+    for (const nodes of this.#cluster.slots) if (nodes?.[0] !== undefined) named.add(nodes[0]);
+    for (const [mark, until] of this.#until) {
+      if (typeof mark === 'string') {
+        if (!named.has(mark)) this.#until.delete(mark);
+        continue;
+      }
+      const master = this.#cluster.slots[mark]?.[0];
+      if (until + FORGOTTEN_AFTER_MS < now && (master === undefined || !this.#until.has(master)))
+        this.#until.delete(mark);
+    }
   }
 }

@@ -25,8 +25,10 @@ import { toStoreError } from './errors.js';
  * (on a Cluster, every call) names the oldest unsettled call of that counter: a call in doubt
  * behind a master that is away then keeps no receipts in the counters of the other masters. So a receipt is still
  * there when its undo runs: the undo is sent as soon as the call fails on a live connection, or
- * when a new one is ready, so the calls that run between a call in doubt and its undo are those
- * that were out with it, fewer than the batcher lets out at once (MAX_CALLS_OUT).
+ * when a new one is ready, or (a Cluster master taken as away) as soon as a call there is
+ * answered again, so the calls that run between a call in doubt and its undo are those that were
+ * out with it, fewer than the batcher lets out at once (MAX_CALLS_OUT), or the one that tried the
+ * master again.
  */
 
 /**
@@ -86,12 +88,14 @@ export class ReceiptLedger {
   /** This instance's field in every counter: receipts of different instances never meet. */
   readonly #field = 'rc:' + randomBytes(6).toString('base64url');
   #nextSeq = 0;
-  /** Sequence numbers of calls sent and not settled yet, ascending; settled ones leave lazily (#settledEarly). */
+  /** Calls of several counters sent and not settled yet, ascending; settled ones leave lazily (#settledEarly). */
   readonly #unsettled: number[] = [];
   #unsettledHead = 0;
   /** Calls settled while an older one is still unsettled. */
   readonly #settledEarly = new Set<number>();
   readonly #inDoubt = new Map<number, DoubtfulCall>();
+  /** Whether this ledger's calls are of one counter each (set by the first). */
+  #ofOneCounter: boolean | undefined;
   /** Calls of one counter not settled yet, per counter, in the order they were issued. */
   readonly #unsettledOf = new Map<string, number[]>();
   /** The counter of each such call. */
@@ -117,17 +121,24 @@ export class ReceiptLedger {
 
   /** Calls sent and not settled yet (answered, or taken back). */
   get unsettled(): number {
+    if (this.#ofOneCounter) return this.#counterOf.size;
     return this.#unsettled.length - this.#unsettledHead - this.#settledEarly.size;
   }
 
   /**
    * The receipt of a new call, which is unsettled from now on until settled() or failed() and
-   * taken back; `counter`: the call's one counter, when it has only one.
+   * taken back; `counter`: the call's one counter. A ledger's calls are all of one counter each
+   * (a Cluster's), or none is.
    */
   issue(counter?: string): Receipt {
     const seq = this.#nextSeq++;
-    this.#unsettled.push(seq);
-    if (counter === undefined) return { field: this.#field, seq, oldestUnsettled: this.#oldestUnsettled() };
+    this.#ofOneCounter ??= counter !== undefined;
+    if (this.#ofOneCounter !== (counter !== undefined))
+      throw new Error('ReceiptLedger: calls of one counter and of several in one ledger');
+    if (counter === undefined) {
+      this.#unsettled.push(seq);
+      return { field: this.#field, seq, oldestUnsettled: this.#oldestUnsettled() };
+    }
     let calls = this.#unsettledOf.get(counter);
     if (!calls) this.#unsettledOf.set(counter, (calls = []));
     calls.push(seq);
@@ -141,12 +152,14 @@ export class ReceiptLedger {
   }
 
   #settle(seq: number): void {
-    const counter = this.#counterOf.get(seq);
-    if (counter !== undefined) {
+    if (this.#ofOneCounter) {
+      const counter = this.#counterOf.get(seq);
+      if (counter === undefined) return; // settled before
       this.#counterOf.delete(seq);
       const calls = this.#unsettledOf.get(counter) as number[];
       calls.splice(calls.indexOf(seq), 1);
       if (calls.length === 0) this.#unsettledOf.delete(counter);
+      return;
     }
     if (seq < this.#oldestUnsettled()) return; // settled before
     if (this.#unsettled[this.#unsettledHead] !== seq) {
@@ -192,6 +205,16 @@ export class ReceiptLedger {
     // its receipt out first. On a connection that is down, 'ready' sends it, before any new call.
     if (this.#client.status === 'ready' && !this.#behindMasterAway(doubtful)) void this.#undo(receipt.seq, doubtful);
     return failure;
+  }
+
+  /**
+   * A Cluster master taken as away answered a call again: the undos of its calls in doubt go now,
+   * on its connection ahead of every call sent after this one (so none of those can push a receipt
+   * out first), not with the next reconcile round.
+   */
+  masterAnswered(): void {
+    if (this.#inDoubt.size === 0 || this.#client.status !== 'ready') return;
+    for (const [seq, call] of this.#inDoubt) if (!this.#behindMasterAway(call)) void this.#undo(seq, call);
   }
 
   /** Takes back the units of doubtful calls that Redis did count. Safe to call at any time. */

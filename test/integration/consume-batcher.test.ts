@@ -1,7 +1,11 @@
+import calculateSlot from 'cluster-key-slot';
+import type { Cluster } from 'ioredis';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
+import { CONSUME_SCRIPT, pushConsumeArgs } from '../../src/limits/count-rules.js';
 import type { ConsumeRequest, StoreUnavailableError } from '../../src/limits/store.js';
 import { ConsumeBatcher, MAX_CALLS_OUT, MAX_WAIT_MS } from '../../src/redis/consume-batcher.js';
 import { createRedisClient, type RedisClient } from '../../src/redis/connection.js';
+import { DownMasters } from '../../src/redis/down-masters.js';
 import { ReceiptLedger } from '../../src/redis/receipt-ledger.js';
 import { request } from '../helpers/store-contract.js';
 import { connectedClient, redisClient, startRedisServer, type RedisProcess } from '../helpers/redis.js';
@@ -150,12 +154,15 @@ describe('ConsumeBatcher: script calls', () => {
   });
 
   it('with batching off (as on a Cluster), sends each request of a turn alone', async () => {
-    const batcher = new ConsumeBatcher(c, ledger, { batching: false });
+    // A ledger of its own: its calls are of one counter each.
+    const perCounter = new ReceiptLedger(c);
+    const batcher = new ConsumeBatcher(c, perCounter, { batching: false });
     const counts = await Promise.all(
       Array.from({ length: 5 }, () => batcher.consume('alone', request({ hourLimit: 100, dayLimit: 100 }))),
     );
     expect(counts.map((x) => x.hour).sort()).toEqual([1, 2, 3, 4, 5]);
     expect(await scriptCalls()).toBe(5);
+    perCounter.close();
   });
 });
 
@@ -257,7 +264,8 @@ describe('ConsumeBatcher: failed calls', () => {
 
   it(`sends no call while ${MAX_CALLS_OUT} are out: the calls between one in doubt and its undo are fewer than a counter keeps receipts`, async () => {
     // Batching off (as on a Cluster): every request is a call of its own, all out at once behind a pause.
-    const batcher = new ConsumeBatcher(c, ledger, { batching: false });
+    const perCounter = new ReceiptLedger(c);
+    const batcher = new ConsumeBatcher(c, perCounter, { batching: false });
     await inspect.call('CLIENT', 'PAUSE', '300', 'WRITE');
     const out = Array.from({ length: MAX_CALLS_OUT }, () =>
       batcher.consume('behind', request({ hourLimit: 1000, dayLimit: 1000 })),
@@ -273,5 +281,34 @@ describe('ConsumeBatcher: failed calls', () => {
     expect(await batcher.consume('behind', request({ hourLimit: 1000, dayLimit: 1000 }))).toMatchObject({
       allowed: true,
     });
+    perCounter.close();
+  });
+});
+
+describe('ConsumeBatcher on a Cluster master taken as away', () => {
+  it("sends the undos held back for the master as soon as a call there is answered, ahead of the calls after it (regression: they waited for the ledger's next round, and the calls on the counter pushed the receipt out)", async () => {
+    const key = `away-${Date.now().toString(36)}`;
+    const slots: string[][] = [];
+    slots[calculateSlot(key)] = ['10.0.0.1:6379'];
+    // Marks that a call may try again at once: the first call below is the one that tries the master.
+    const downMasters = new DownMasters({ slots } as unknown as Cluster, { downMs: 0 });
+    const perCounter = new ReceiptLedger(c, { downMasters });
+    const batcher = new ConsumeBatcher(c, perCounter, { batching: false, downMasters });
+    const plenty = request({ hourLimit: 10_000, dayLimit: 10_000 });
+    // A call that counted, then fell in doubt on the master's connection, which is marked.
+    const doubtful = perCounter.issue(key);
+    const keysThenArgs: Array<string | number> = [key];
+    pushConsumeArgs(keysThenArgs, [{ request: plenty }], doubtful);
+    await c.eval(CONSUME_SCRIPT, 1, ...keysThenArgs);
+    downMasters.failed(key);
+    perCounter.failed(doubtful, { keys: [key] }, new Error('Connection is closed.'));
+    expect(perCounter.inDoubt).toBe(1);
+    // The master answers again, and many calls count on the counter right after.
+    for (let wave = 0; wave < 3; wave++)
+      await Promise.all(Array.from({ length: 200 }, () => batcher.consume(key, plenty)));
+    for (let i = 0; i < 100 && perCounter.inDoubt > 0; i++) await new Promise((r) => setTimeout(r, 20));
+    expect(perCounter.inDoubt).toBe(0);
+    expect(await inspect.hmget(key, 'hc', 'dc')).toEqual(['600', '600']);
+    perCounter.close();
   });
 });

@@ -62,7 +62,16 @@ describe('DownMasters', () => {
     expect(down.downFor(other)).toBeUndefined();
   });
 
-  it('forgets marks no call has tried for a minute (a master replaced by a fail-over), so that nothing is computed per call again', () => {
+  it('keeps a master the slot map still names marked, tried or not, until a call there is answered (regression: after a minute untried, a merge was sent to a master still away)', () => {
+    const { clock, down } = make();
+    down.failed(first);
+    clock.now = 120_000;
+    expect(down.downFor(other)).toBeUndefined();
+    expect(down.marked(first)).toBe(true);
+    expect(down.marked(second)).toBe(true);
+  });
+
+  it('forgets the marks of a master replaced by a fail-over, so that nothing is computed per call again', () => {
     const { clock, slots, down } = make();
     down.failed(first);
     // A fail-over: the slot map names a new master for every slot of the old one.

@@ -224,6 +224,41 @@ describe('Limiter', () => {
     ]);
   });
 
+  it('reports the units of a merge that failed part-way by what became of them: added, kept for another try, or perhaps added (the metric of docs/operations.md "Metrics")', async () => {
+    const merged: Array<[number, string]> = [];
+    const limiter = new Limiter({
+      store,
+      insurance,
+      failureMode: 'insurance',
+      clock,
+      retryStoreAfterMs: 1000,
+      observer: {
+        storeError: () => {},
+        fallback: () => {},
+        storeCall: () => {},
+        merged: (n, r) => merged.push([n, r]),
+      },
+    });
+    store.failing = new StoreUnavailableError('connection', 'master away', { part: true });
+    for (const keyHash of ['added', 'kept', 'perhaps']) await check(limiter, small, keyHash);
+    store.failing = undefined;
+    store.merge = async (entries) => {
+      store.merges.push(entries);
+      const failure = new StoreUnavailableError('connection', 'master away', { part: true });
+      throw new MergeFailedError(
+        failure,
+        entries.filter((e) => e.keyHash === 'kept'),
+        1,
+      );
+    };
+    await check(limiter, small, 'other');
+    await limiter.merged();
+    expect(merged).toEqual([
+      [1, 'ok'],
+      [1, 'failed'],
+    ]);
+  });
+
   it('adds what it admitted from the insurance counters to the store once the store answers again, once', async () => {
     const limiter = make('insurance');
     await check(limiter, small); // 1 in the store
