@@ -155,6 +155,16 @@ export class ConsumeBatcher {
       return;
     }
     const alone = this.#batching ? undefined : (batch[0] as Pending).key;
+    // On a Cluster, a master taken as away gets no call but the one that tries it again.
+    const gate = alone !== undefined && this.#downMasters?.any ? this.#downMasters.tryFor(alone) : 'send';
+    if (gate === 'away') {
+      const master = this.#downMasters?.masterOf(alone as string);
+      const away = new StoreUnavailableError('connection', `Redis unavailable: Cluster master ${master} is away`, {
+        part: true,
+      });
+      for (const pending of batch) pending.reject(away);
+      return;
+    }
     if (alone !== undefined) this.#inFlightByKey.set(alone, (this.#inFlightByKey.get(alone) ?? 0) + 1);
     const receipt = this.#ledger.issue(alone);
     const keysThenArgs: Array<string | number> = batch.map((p) => p.key);
@@ -168,9 +178,8 @@ export class ConsumeBatcher {
     reply.then(
       (counts) => {
         this.#answered(alone);
-        // A master taken as away answers again: the undos held back for it go at once.
-        if (alone !== undefined && this.#downMasters?.any && this.#downMasters.answered(alone))
-          this.#ledger.masterAnswered();
+        // A master taken as away answers again (the ledger then sends the undos held back for it).
+        if (alone !== undefined && this.#downMasters?.any) this.#downMasters.answered(alone);
         this.#ledger.settled(receipt);
         this.#sendWhenFree();
         batch.forEach((pending, i) =>
@@ -183,13 +192,14 @@ export class ConsumeBatcher {
       },
       (err: unknown) => {
         this.#answered(alone);
-        // One master's connection failed, and the Cluster still answers for the others: that master
-        // is marked first, so that the ledger sends no undo there before it answers again.
+        // One master's connection failed, or the call that tried a master taken as away failed in
+        // any way, and the Cluster still answers for the others: that master is marked first, so
+        // that the ledger sends no undo there before it answers again.
         const part =
           alone !== undefined &&
           this.#downMasters !== undefined &&
           this.#client.status === 'ready' &&
-          toStoreError(err).kind === 'connection';
+          (gate === 'probe' || toStoreError(err).kind === 'connection');
         if (part) this.#downMasters?.failed(alone);
         let failure = this.#ledger.failed(receipt, { keys: batch.map((p) => p.key) }, err);
         if (part) failure = new StoreUnavailableError(failure.kind, failure.message, { cause: failure.cause, part });
@@ -218,12 +228,6 @@ export class ConsumeBatcher {
       return undefined;
     }
     const key = (batch[0] as Pending).key;
-    const away = this.#downMasters?.downFor(key);
-    if (away !== undefined) {
-      return new StoreUnavailableError('connection', `Redis unavailable: Cluster master ${away} is away`, {
-        part: true,
-      });
-    }
     if ((this.#inFlightByKey.get(key) ?? 0) >= MAX_CALLS_OUT) return behind();
     return undefined;
   }

@@ -31,6 +31,7 @@ export class DownMasters {
   readonly #until = new Map<string | number, number>();
   /** When marks that ran out long ago are dropped next. */
   #sweepAt = 0;
+  readonly #onBack: Array<() => void> = [];
 
   constructor(cluster: Cluster, options: { readonly downMs?: number; readonly now?: () => number } = {}) {
     this.#cluster = cluster;
@@ -43,23 +44,33 @@ export class DownMasters {
     return this.#until.size > 0;
   }
 
+  /** Called whenever marks are cleared: what was held back for a master may go. */
+  onBack(listener: () => void): void {
+    this.#onBack.push(listener);
+  }
+
   /**
-   * The master serving `key`'s slot, when a counting call for it must not be sent now. When the
-   * master is marked but its time has come, this call is let through to try it (and the next one
-   * only MASTER_DOWN_MS later): the caller tells answered() or failed().
+   * Whether a call for `key` may go now: `send` (its master is not marked), `away` (it is), or
+   * `probe` (it is, and its time has come: this call tries it, and the next only MASTER_DOWN_MS
+   * later; the caller tells answered() or failed()).
    */
-  downFor(key: string): string | undefined {
-    if (this.#until.size === 0) return undefined;
+  tryFor(key: string): 'send' | 'probe' | 'away' {
+    if (this.#until.size === 0) return 'send';
     const now = this.#now();
     if (now >= this.#sweepAt) this.#sweep(now);
     const slot = calculateSlot(key);
     const master = this.#cluster.slots[slot]?.[0];
     const marks = [master, slot].filter((m): m is string | number => m !== undefined && this.#until.has(m));
-    if (marks.length === 0) return undefined;
-    if (marks.some((m) => (this.#until.get(m) as number) > now)) return master ?? `of slot ${slot}`;
-    // Its time has come: this call tries it, and the next may only once this one has had its time.
+    if (marks.length === 0) return 'send';
+    if (marks.some((m) => (this.#until.get(m) as number) > now)) return 'away';
     for (const m of marks) this.#until.set(m, now + this.#downMs);
-    return undefined;
+    return 'probe';
+  }
+
+  /** The master of `key`'s slot, as the slot map names it (for messages). */
+  masterOf(key: string): string {
+    const slot = calculateSlot(key);
+    return this.#cluster.slots[slot]?.[0] ?? `of slot ${slot}`;
   }
 
   /** Whether `key`'s master is marked (whatever its time): no merge or undo is sent there until a call is answered. */
@@ -70,7 +81,7 @@ export class DownMasters {
     return this.#until.has(slot) || (master !== undefined && this.#until.has(master));
   }
 
-  /** A counting call for `key` failed on its connection: its master (and its slot) is marked. */
+  /** A call for `key` failed on its connection (or tried the master and failed): its master (and its slot) is marked. */
   failed(key: string): void {
     const slot = calculateSlot(key);
     const until = this.#now() + this.#downMs;
@@ -80,8 +91,8 @@ export class DownMasters {
   }
 
   /**
-   * A counting call for `key` was answered: its master is back, with every slot the slot map gives
-   * it. Whether a mark was cleared (the undos held back for it can go).
+   * A call for `key` was answered: its master is back, with every slot the slot map gives it.
+   * Whether a mark was cleared (then the onBack listeners were told).
    */
   answered(key: string): boolean {
     if (this.#until.size === 0) return false;
@@ -89,12 +100,15 @@ export class DownMasters {
     const slot = calculateSlot(key);
     this.#until.delete(slot);
     const master = this.#cluster.slots[slot]?.[0];
-    if (master !== undefined) {
-      this.#until.delete(master);
+    // Its other slots' marks only when the master itself was marked: a call answered on a master
+    // that was not costs no walk over the marks.
+    if (master !== undefined && this.#until.delete(master)) {
       for (const mark of this.#until.keys())
         if (typeof mark === 'number' && this.#cluster.slots[mark]?.[0] === master) this.#until.delete(mark);
     }
-    return this.#until.size < before;
+    if (this.#until.size === before) return false;
+    for (const listener of this.#onBack) listener();
+    return true;
   }
 
   /**
@@ -104,6 +118,7 @@ export class DownMasters {
    */
   #sweep(now: number): void {
     this.#sweepAt = now + this.#downMs;
+    const before = this.#until.size;
     const named = new Set<string>();
     for (const nodes of this.#cluster.slots) if (nodes?.[0] !== undefined) named.add(nodes[0]);
     for (const [mark, until] of this.#until) {
@@ -115,5 +130,6 @@ export class DownMasters {
       if (until + FORGOTTEN_AFTER_MS < now && (master === undefined || !this.#until.has(master)))
         this.#until.delete(mark);
     }
+    if (this.#until.size < before) for (const listener of this.#onBack) listener();
   }
 }

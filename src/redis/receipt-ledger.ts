@@ -60,14 +60,9 @@ return tonumber(units) or 0
 
 const RECONCILE_EVERY_MS = 500;
 
-/**
- * An undo Redis refused because the key is no counter (something else was written there) has
- * nothing to take back: the call is settled, or it would stay unsettled for good. Any other
- * refusal (out of memory, a read-only replica, a busy script) leaves it in doubt, tried again.
- */
-function notACounter(err: unknown): number {
-  if (err instanceof Error && err.name === 'ReplyError' && err.message.startsWith('WRONGTYPE')) return 0;
-  throw err;
+/** An undo Redis refused because the key is no counter (something else was written there) has nothing to take back. */
+function notACounter(err: unknown): boolean {
+  return err instanceof Error && err.name === 'ReplyError' && err.message.startsWith('WRONGTYPE');
 }
 
 /** A counting call: its counters (repeats allowed). */
@@ -109,6 +104,7 @@ export class ReceiptLedger {
     client.defineCommand('oapiUndo', { numberOfKeys: 1, lua: UNDO_SCRIPT });
     this.#client = client as RedisClient & UndoCommand;
     this.#downMasters = options.downMasters;
+    this.#downMasters?.onBack(() => this.masterAnswered());
     client.on('ready', this.#onReady);
   }
 
@@ -231,9 +227,14 @@ export class ReceiptLedger {
     return this.#reconciling;
   }
 
+  /**
+   * Whether the undo of `call` must wait: a counter of it is on a master taken as away. Once a
+   * second the undo itself tries the master (an undo is harmless to send twice), so that its calls
+   * in doubt are taken back even when no request comes for its keys.
+   */
   #behindMasterAway(call: DoubtfulCall): boolean {
     if (!this.#downMasters?.any) return false;
-    for (const key of call.keys) if (this.#downMasters.marked(key)) return true;
+    for (const key of call.keys) if (this.#downMasters.tryFor(key) === 'away') return true;
     return false;
   }
 
@@ -241,16 +242,35 @@ export class ReceiptLedger {
   async #undo(seq: number, call: DoubtfulCall): Promise<void> {
     try {
       // Commands of one connection run in order, so each undo runs after its doubtful call (if that ever runs).
-      await Promise.all([...call.keys].map((key) => this.#client.oapiUndo(key, this.#field, seq).catch(notACounter)));
+      await Promise.all(
+        [...call.keys].map((key) =>
+          this.#client.oapiUndo(key, this.#field, seq).catch((err: unknown) => this.#undoFailed(key, err)),
+        ),
+      );
     } catch {
       // Redis is away again (or the undo timed out behind a slow Redis, where it still runs): tried again later.
       return;
     }
     if (this.#inDoubt.delete(seq)) this.#settle(seq);
+    // Its masters answered: one taken as away is back.
+    if (this.#downMasters?.any) for (const key of call.keys) this.#downMasters.answered(key);
     if (this.#inDoubt.size === 0) {
       clearInterval(this.#reconcileTimer);
       this.#reconcileTimer = undefined;
     }
+  }
+
+  /**
+   * An undo that failed on one counter. One Redis refused because the key is no counter has
+   * nothing to take back: the call is settled, or it would stay unsettled for good. Any other
+   * failure leaves it in doubt, tried again; on a Cluster, one on its master's connection marks
+   * that master as away.
+   */
+  #undoFailed(key: string, err: unknown): number {
+    if (notACounter(err)) return 0;
+    if (this.#downMasters && this.#client.status === 'ready' && toStoreError(err).kind === 'connection')
+      this.#downMasters.failed(key);
+    throw err;
   }
 
   /** Stops reconciling by itself (on shutdown, after a last reconcile()). */

@@ -311,4 +311,30 @@ describe('ConsumeBatcher on a Cluster master taken as away', () => {
     expect(await inspect.hmget(key, 'hc', 'dc')).toEqual(['600', '600']);
     perCounter.close();
   });
+
+  it("takes the master as away again when the call that tries it fails in any way, a timeout too, and says the failure is the store's part only (the limiter would otherwise decide every request without Redis for a second)", async () => {
+    const key = `probe-${Date.now().toString(36)}`;
+    const slots: string[][] = [];
+    slots[calculateSlot(key)] = ['10.0.0.1:6379'];
+    let now = 0;
+    const downMasters = new DownMasters({ slots } as unknown as Cluster, { downMs: 1000, now: () => now });
+    const perCounter = new ReceiptLedger(c, { downMasters });
+    const batcher = new ConsumeBatcher(c, perCounter, { batching: false, downMasters });
+    downMasters.failed(key);
+    await expect(batcher.consume(key, request())).rejects.toMatchObject({ kind: 'connection', part: true });
+    // Its time has come: this call tries the master, which is slow.
+    now = 1000;
+    await inspect.call('CLIENT', 'PAUSE', '1300', 'ALL');
+    await expect(batcher.consume(key, request())).rejects.toMatchObject({ kind: 'timeout', part: true });
+    expect(downMasters.tryFor(key)).toBe('away');
+    // The pause ends; the call that timed out ran then, and is taken back.
+    now = 2000;
+    for (let i = 0; i < 100 && perCounter.inDoubt > 0; i++) {
+      await perCounter.reconcile();
+      await new Promise((r) => setTimeout(r, 20));
+    }
+    expect(perCounter.inDoubt).toBe(0);
+    expect(await inspect.hget(key, 'hc')).toBe('0');
+    perCounter.close();
+  });
 });
