@@ -3,7 +3,7 @@ import { CONSUME_SCRIPT, pushConsumeArgs, RECEIPTS_KEPT } from '../limits/count-
 import { StoreUnavailableError, type ConsumeRequest, type Counts } from '../limits/store.js';
 import type { RedisClient } from './connection.js';
 import type { DownMasters } from './down-masters.js';
-import { toStoreError } from './errors.js';
+import { notACounter, toStoreError } from './errors.js';
 import type { ReceiptLedger } from './receipt-ledger.js';
 
 /**
@@ -195,7 +195,11 @@ export class ConsumeBatcher {
         // One master's connection failed, or the call that tried a master taken as away failed in
         // any way, and the Cluster still answers for the others: that master is marked first, so
         // that the ledger sends no undo there before it answers again.
+        // (A call that tried the master and found its key no counter was answered: the master is back.)
+        const answered = gate === 'probe' && notACounter(err);
+        if (answered) this.#downMasters?.answered(alone as string);
         const part =
+          !answered &&
           alone !== undefined &&
           this.#downMasters !== undefined &&
           this.#client.status === 'ready' &&

@@ -98,11 +98,13 @@ export class DownMasters {
     if (this.#until.size === 0) return false;
     const before = this.#until.size;
     const slot = calculateSlot(key);
-    this.#until.delete(slot);
+    const slotWasMarked = this.#until.delete(slot);
     const master = this.#cluster.slots[slot]?.[0];
-    // Its other slots' marks only when the master itself was marked: a call answered on a master
-    // that was not costs no walk over the marks.
-    if (master !== undefined && this.#until.delete(master)) {
+    const masterWasMarked = master !== undefined && this.#until.delete(master);
+    // Its other slots' marks only when its own slot or the master was marked (after a fail-over the
+    // slot map names a new master, never marked, for slots marked under the old one): a call
+    // answered on a master that was not costs no walk over the marks.
+    if (master !== undefined && (slotWasMarked || masterWasMarked)) {
       for (const mark of this.#until.keys())
         if (typeof mark === 'number' && this.#cluster.slots[mark]?.[0] === master) this.#until.delete(mark);
     }

@@ -10,3 +10,8 @@ export function toStoreError(err: unknown): StoreUnavailableError {
     return new StoreUnavailableError('reply', `Redis refused the command: ${message}`, { cause: err });
   return new StoreUnavailableError('connection', `Redis unavailable: ${message}`, { cause: err });
 }
+
+/** Redis refused a command because its key holds something else than a counter: the server answered, about that key only. */
+export function notACounter(err: unknown): boolean {
+  return err instanceof Error && err.name === 'ReplyError' && err.message.startsWith('WRONGTYPE');
+}

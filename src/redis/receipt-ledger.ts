@@ -3,7 +3,7 @@ import type { Receipt } from '../limits/count-rules.js';
 import type { StoreUnavailableError } from '../limits/store.js';
 import type { RedisClient } from './connection.js';
 import type { DownMasters } from './down-masters.js';
-import { toStoreError } from './errors.js';
+import { notACounter, toStoreError } from './errors.js';
 
 /**
  * The receipts of this instance's counting calls (docs/operations.md "Redis": no unit is counted
@@ -60,11 +60,6 @@ return tonumber(units) or 0
 
 const RECONCILE_EVERY_MS = 500;
 
-/** An undo Redis refused because the key is no counter (something else was written there) has nothing to take back. */
-function notACounter(err: unknown): boolean {
-  return err instanceof Error && err.name === 'ReplyError' && err.message.startsWith('WRONGTYPE');
-}
-
 /** A counting call: its counters (repeats allowed). */
 export interface CountingCall {
   readonly keys: Iterable<string>;
@@ -98,6 +93,10 @@ export class ReceiptLedger {
   readonly #downMasters: DownMasters | undefined;
   #reconciling: Promise<void> | undefined;
   #reconcileTimer: NodeJS.Timeout | undefined;
+  /** Calls whose undo is out. */
+  readonly #undoing = new Set<number>();
+  /** Whether masterAnswered() is sending, and was told again meanwhile. */
+  #heldBack: 'idle' | 'sending' | 'again' = 'idle';
 
   /** `downMasters`: on a Cluster, the masters taken as away, to which no undo is sent until they answer. */
   constructor(client: RedisClient, options: { readonly downMasters?: DownMasters } = {}) {
@@ -210,7 +209,18 @@ export class ReceiptLedger {
    */
   masterAnswered(): void {
     if (this.#inDoubt.size === 0 || this.#client.status !== 'ready') return;
-    for (const [seq, call] of this.#inDoubt) if (!this.#behindMasterAway(call)) void this.#undo(seq, call);
+    // A sweep of the marks while this runs (tryFor) tells it again: it goes round once more then,
+    // rather than within itself.
+    if (this.#heldBack !== 'idle') {
+      this.#heldBack = 'again';
+      return;
+    }
+    do {
+      this.#heldBack = 'sending';
+      for (const [seq, call] of this.#inDoubt)
+        if (!this.#undoing.has(seq) && !this.#behindMasterAway(call)) void this.#undo(seq, call);
+    } while ((this.#heldBack as 'sending' | 'again') === 'again');
+    this.#heldBack = 'idle';
   }
 
   /** Takes back the units of doubtful calls that Redis did count. Safe to call at any time. */
@@ -240,6 +250,15 @@ export class ReceiptLedger {
 
   /** The undo of one doubtful call, on every counter it touched; the call is settled once it is through. */
   async #undo(seq: number, call: DoubtfulCall): Promise<void> {
+    this.#undoing.add(seq);
+    try {
+      await this.#sendUndo(seq, call);
+    } finally {
+      this.#undoing.delete(seq);
+    }
+  }
+
+  async #sendUndo(seq: number, call: DoubtfulCall): Promise<void> {
     try {
       // Commands of one connection run in order, so each undo runs after its doubtful call (if that ever runs).
       await Promise.all(
@@ -263,13 +282,12 @@ export class ReceiptLedger {
   /**
    * An undo that failed on one counter. One Redis refused because the key is no counter has
    * nothing to take back: the call is settled, or it would stay unsettled for good. Any other
-   * failure leaves it in doubt, tried again; on a Cluster, one on its master's connection marks
-   * that master as away.
+   * failure leaves it in doubt, tried again; on a Cluster it marks the counter's master as away
+   * (a master that fails an undo in any way fails the calls counted there too).
    */
   #undoFailed(key: string, err: unknown): number {
     if (notACounter(err)) return 0;
-    if (this.#downMasters && this.#client.status === 'ready' && toStoreError(err).kind === 'connection')
-      this.#downMasters.failed(key);
+    if (this.#downMasters && this.#client.status === 'ready') this.#downMasters.failed(key);
     throw err;
   }
 

@@ -290,8 +290,8 @@ describe('ConsumeBatcher on a Cluster master taken as away', () => {
     const key = `away-${Date.now().toString(36)}`;
     const slots: string[][] = [];
     slots[calculateSlot(key)] = ['10.0.0.1:6379'];
-    // Marks that a call may try again at once: the first call below is the one that tries the master.
-    const downMasters = new DownMasters({ slots } as unknown as Cluster, { downMs: 0 });
+    let now = 0;
+    const downMasters = new DownMasters({ slots } as unknown as Cluster, { downMs: 1000, now: () => now });
     const perCounter = new ReceiptLedger(c, { downMasters });
     const batcher = new ConsumeBatcher(c, perCounter, { batching: false, downMasters });
     const plenty = request({ hourLimit: 10_000, dayLimit: 10_000 });
@@ -302,13 +302,17 @@ describe('ConsumeBatcher on a Cluster master taken as away', () => {
     await c.eval(CONSUME_SCRIPT, 1, ...keysThenArgs);
     downMasters.failed(key);
     perCounter.failed(doubtful, { keys: [key] }, new Error('Connection is closed.'));
+    await perCounter.reconcile();
     expect(perCounter.inDoubt).toBe(1);
-    // The master answers again, and many calls count on the counter right after.
+    // Its time has come: this call tries the master, which answers, and many calls count on the
+    // counter right after.
+    now = 1000;
+    expect(await batcher.consume(key, plenty)).toMatchObject({ allowed: true });
     for (let wave = 0; wave < 3; wave++)
       await Promise.all(Array.from({ length: 200 }, () => batcher.consume(key, plenty)));
     for (let i = 0; i < 100 && perCounter.inDoubt > 0; i++) await new Promise((r) => setTimeout(r, 20));
     expect(perCounter.inDoubt).toBe(0);
-    expect(await inspect.hmget(key, 'hc', 'dc')).toEqual(['600', '600']);
+    expect(await inspect.hmget(key, 'hc', 'dc')).toEqual(['601', '601']);
     perCounter.close();
   });
 
@@ -322,19 +326,42 @@ describe('ConsumeBatcher on a Cluster master taken as away', () => {
     const batcher = new ConsumeBatcher(c, perCounter, { batching: false, downMasters });
     downMasters.failed(key);
     await expect(batcher.consume(key, request())).rejects.toMatchObject({ kind: 'connection', part: true });
-    // Its time has come: this call tries the master, which is slow.
+    // Its time has come: this call tries the master, which is slow; the call fails at 1500.
     now = 1000;
     await inspect.call('CLIENT', 'PAUSE', '1300', 'ALL');
-    await expect(batcher.consume(key, request())).rejects.toMatchObject({ kind: 'timeout', part: true });
+    const tried = batcher.consume(key, request());
+    now = 1500;
+    await expect(tried).rejects.toMatchObject({ kind: 'timeout', part: true });
+    // Marked again from its failure: the next try a whole downMs later.
     expect(downMasters.tryFor(key)).toBe('away');
-    // The pause ends; the call that timed out ran then, and is taken back.
     now = 2000;
+    expect(downMasters.tryFor(key)).toBe('away');
+    now = 2500;
+    expect(downMasters.tryFor(key)).toBe('probe');
+    // The pause ends; the call that timed out ran then, and is taken back (its undo tries the master).
+    now = 10_000;
     for (let i = 0; i < 100 && perCounter.inDoubt > 0; i++) {
       await perCounter.reconcile();
       await new Promise((r) => setTimeout(r, 20));
     }
     expect(perCounter.inDoubt).toBe(0);
     expect(await inspect.hget(key, 'hc')).toBe('0');
+    perCounter.close();
+  });
+
+  it('takes a master as back when the call that tries it finds its key no counter (WRONGTYPE: the master answered)', async () => {
+    const key = `wrongtype-${Date.now().toString(36)}`;
+    const slots: string[][] = [];
+    slots[calculateSlot(key)] = ['10.0.0.1:6379'];
+    let now = 0;
+    const downMasters = new DownMasters({ slots } as unknown as Cluster, { downMs: 1000, now: () => now });
+    const perCounter = new ReceiptLedger(c, { downMasters });
+    const batcher = new ConsumeBatcher(c, perCounter, { batching: false, downMasters });
+    await inspect.set(key, 'not a counter');
+    downMasters.failed(key);
+    now = 1000;
+    await expect(batcher.consume(key, request())).rejects.toMatchObject({ kind: 'reply', part: false });
+    expect(downMasters.any).toBe(false);
     perCounter.close();
   });
 });

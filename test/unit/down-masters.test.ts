@@ -92,4 +92,15 @@ describe('DownMasters', () => {
     expect(down.any).toBe(false);
     expect(back()).toBe(1);
   });
+
+  it("clears, on an answer from the master a fail-over put in place, the marks of the old one's other slots too (their calls failed on it)", () => {
+    const { slots, down, back } = make();
+    down.failed(first);
+    down.failed(second);
+    slots[calculateSlot(first)] = ['10.0.0.9:6379'];
+    slots[calculateSlot(second)] = ['10.0.0.9:6379'];
+    expect(down.answered(first)).toBe(true);
+    expect(down.marked(second)).toBe(false);
+    expect(back()).toBe(1);
+  });
 });
