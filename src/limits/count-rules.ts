@@ -100,7 +100,8 @@ export const RECEIPTS_KEPT = 512;
  * The receipt of one counting call (redis/receipt-ledger.ts; docs/operations.md "Redis": no unit
  * is counted twice): the counter field of the instance that sent it, the call's sequence number
  * there, and the lowest sequence number of that instance's calls still unsettled (out, or in
- * doubt and not yet taken back) when it was sent.
+ * doubt and not yet taken back) when it was sent: of all its calls, or, for a call of one counter
+ * (every call on a Cluster), of that counter's calls, the only ones whose receipts it holds.
  */
 export interface Receipt {
   readonly field: string;

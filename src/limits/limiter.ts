@@ -93,6 +93,9 @@ interface SpentEntry {
 
 /** Counters are kept a little past the end of their day, so instances with skewed clocks still find them. */
 const EXPIRY_SLACK_MS = 3_600_000;
+/** How long the store is taken as away after a failure of it, by default (docs/operations.md "Redis"). */
+export const RETRY_STORE_AFTER_MS = 1000;
+
 /** Bound on (key, row) pairs whose insurance-counted units wait to be added to the store. */
 const MAX_UNMERGED = 200_000;
 
@@ -122,7 +125,7 @@ export class Limiter {
     this.#mode = options.failureMode;
     this.#clock = options.clock ?? systemClock;
     this.#observer = options.observer;
-    this.#retryAfterMs = options.retryStoreAfterMs ?? 1000;
+    this.#retryAfterMs = options.retryStoreAfterMs ?? RETRY_STORE_AFTER_MS;
     this.#spent = boundedCache(options.maxSpentEntries ?? 100_000);
   }
 
@@ -191,9 +194,9 @@ export class Limiter {
       },
       (err: unknown) => {
         if (!(err instanceof StoreUnavailableError)) throw err;
+        this.#observer?.storeError(err.kind);
         // A part of the store away (a Cluster master) is the store's to skip: the rest still counts.
-        if (err.part) this.#observer?.storeError(err.kind);
-        else this.#storeFailed(err);
+        if (!err.part) this.#storeFailed(err);
         return this.#withoutStore(consume, limits, windows, row.shadow, now);
       },
     );
@@ -340,7 +343,6 @@ export class Limiter {
   }
 
   #storeFailed(err: StoreUnavailableError): void {
-    this.#observer?.storeError(err.kind);
     this.#lastStoreError = err.message;
     this.#storeDownUntil = this.#clock.now() + this.#retryAfterMs;
   }

@@ -155,13 +155,15 @@ export class ConsumeBatcher {
       return;
     }
     const alone = this.#batching ? undefined : (batch[0] as Pending).key;
-    // On a Cluster, a master taken as away gets no call but the one that tries it again.
-    const gate = alone !== undefined && this.#downMasters?.any ? this.#downMasters.tryFor(alone) : 'send';
+    // On a Cluster (never batching), a master taken as away gets no call but the one that tries it again.
+    const down = alone === undefined ? undefined : this.#downMasters;
+    const gate = down?.tryFor(alone as string) ?? 'send';
     if (gate === 'away') {
-      const master = this.#downMasters?.masterOf(alone as string);
-      const away = new StoreUnavailableError('connection', `Redis unavailable: Cluster master ${master} is away`, {
-        part: true,
-      });
+      const away = new StoreUnavailableError(
+        'connection',
+        `Redis unavailable: Cluster master ${down?.masterOf(alone as string)} is away`,
+        { part: true },
+      );
       for (const pending of batch) pending.reject(away);
       return;
     }
@@ -179,7 +181,7 @@ export class ConsumeBatcher {
       (counts) => {
         this.#answered(alone);
         // A master taken as away answers again (the ledger then sends the undos held back for it).
-        if (alone !== undefined && this.#downMasters?.any) this.#downMasters.answered(alone);
+        down?.answered(alone as string);
         this.#ledger.settled(receipt);
         this.#sendWhenFree();
         batch.forEach((pending, i) =>
@@ -193,20 +195,17 @@ export class ConsumeBatcher {
       (err: unknown) => {
         this.#answered(alone);
         // One master's connection failed, or the call that tried a master taken as away failed in
-        // any way, and the Cluster still answers for the others: that master is marked first, so
-        // that the ledger sends no undo there before it answers again.
-        // (A call that tried the master and found its key no counter was answered: the master is back.)
-        const answered = gate === 'probe' && notACounter(err);
-        if (answered) this.#downMasters?.answered(alone as string);
-        const part =
-          !answered &&
-          alone !== undefined &&
-          this.#downMasters !== undefined &&
-          this.#client.status === 'ready' &&
-          (gate === 'probe' || toStoreError(err).kind === 'connection');
-        if (part) this.#downMasters?.failed(alone);
-        let failure = this.#ledger.failed(receipt, { keys: batch.map((p) => p.key) }, err);
-        if (part) failure = new StoreUnavailableError(failure.kind, failure.message, { cause: failure.cause, part });
+        // any way, while the Cluster still answers for the others: that master is marked first, so
+        // that the ledger sends no undo there but the one a second that tries it. (A call that tried
+        // it and found its key no counter was answered: the master is back.)
+        let part = false;
+        if (down && gate === 'probe' && notACounter(err)) down.answered(alone as string);
+        else if (down && (gate === 'probe' || toStoreError(err).kind === 'connection'))
+          part = down.failed(alone as string);
+        const failed = this.#ledger.failed(receipt, { keys: batch.map((p) => p.key) }, err);
+        const failure = part
+          ? new StoreUnavailableError(failed.kind, failed.message, { cause: failed.cause, part })
+          : failed;
         for (const pending of batch) pending.reject(failure);
         this.#sendWhenFree();
       },
@@ -227,18 +226,12 @@ export class ConsumeBatcher {
     if (this.#client.status !== 'ready') {
       return new StoreUnavailableError('connection', `Redis unavailable: connection ${this.#client.status}`);
     }
-    if (this.#batching) {
-      if (this.#inFlight >= MAX_CALLS_OUT) return behind();
-      return undefined;
+    const out = this.#batching ? this.#inFlight : (this.#inFlightByKey.get((batch[0] as Pending).key) ?? 0);
+    if (out >= MAX_CALLS_OUT) {
+      return new StoreUnavailableError('timeout', `Redis is behind: ${MAX_CALLS_OUT} calls out`);
     }
-    const key = (batch[0] as Pending).key;
-    if ((this.#inFlightByKey.get(key) ?? 0) >= MAX_CALLS_OUT) return behind();
     return undefined;
   }
-}
-
-function behind(): StoreUnavailableError {
-  return new StoreUnavailableError('timeout', `Redis is behind: ${MAX_CALLS_OUT} calls out`);
 }
 
 function sameWindows(a: ConsumeRequest, b: ConsumeRequest): boolean {

@@ -66,7 +66,7 @@ export class OutageMerge {
         continue;
       }
       if (this.#downMasters?.any) {
-        // Nothing goes to a master taken as away until a counting call there is answered.
+        // Nothing goes to a master taken as away until a call there is answered.
         const sent: MergeEntry[] = [];
         for (const e of wave) (this.#downMasters.marked(this.#keyOf(e)) ? notApplied : sent).push(e);
         if (sent.length < wave.length) {
@@ -85,12 +85,12 @@ export class OutageMerge {
           return;
         }
         const error = toStoreError(result.reason);
-        if (this.#downMasters && error.kind === 'connection' && this.#client.status === 'ready')
-          this.#downMasters.failed(this.#keyOf(wave[k] as MergeEntry));
+        if (error.kind === 'connection') this.#downMasters?.failed(this.#keyOf(wave[k] as MergeEntry));
         failure ??= error;
       });
     }
-    if (failure ?? away) throw new MergeFailedError((failure ?? away) as StoreUnavailableError, notApplied, applied);
+    const error = failure ?? away;
+    if (error) throw new MergeFailedError(error, notApplied, applied);
   }
 
   #send(wave: readonly MergeEntry[]): Array<Promise<number>> {

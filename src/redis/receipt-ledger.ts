@@ -95,15 +95,15 @@ export class ReceiptLedger {
   #reconcileTimer: NodeJS.Timeout | undefined;
   /** Calls whose undo is out. */
   readonly #undoing = new Set<number>();
-  /** Whether masterAnswered() is sending, and was told again meanwhile. */
+  /** Whether #sendHeldBackUndos() is sending, and was told again meanwhile. */
   #heldBack: 'idle' | 'sending' | 'again' = 'idle';
 
-  /** `downMasters`: on a Cluster, the masters taken as away, to which no undo is sent until they answer. */
+  /** `downMasters`: on a Cluster, the masters taken as away, to which no undo is sent but the one a second that tries them. */
   constructor(client: RedisClient, options: { readonly downMasters?: DownMasters } = {}) {
     client.defineCommand('oapiUndo', { numberOfKeys: 1, lua: UNDO_SCRIPT });
     this.#client = client as RedisClient & UndoCommand;
     this.#downMasters = options.downMasters;
-    this.#downMasters?.onBack(() => this.masterAnswered());
+    this.#downMasters?.onBack(() => this.#sendHeldBackUndos());
     client.on('ready', this.#onReady);
   }
 
@@ -203,11 +203,11 @@ export class ReceiptLedger {
   }
 
   /**
-   * A Cluster master taken as away answered a call again: the undos of its calls in doubt go now,
-   * on its connection ahead of every call sent after this one (so none of those can push a receipt
-   * out first), not with the next reconcile round.
+   * Marks of a Cluster master taken as away were cleared (it answered a call, or a fail-over
+   * replaced it): the undos held back for it go now, on its connection ahead of every call sent
+   * after this (so none of those can push a receipt out first), not with the next reconcile round.
    */
-  masterAnswered(): void {
+  #sendHeldBackUndos(): void {
     if (this.#inDoubt.size === 0 || this.#client.status !== 'ready') return;
     // A sweep of the marks while this runs (tryFor) tells it again: it goes round once more then,
     // rather than within itself.
@@ -252,14 +252,6 @@ export class ReceiptLedger {
   async #undo(seq: number, call: DoubtfulCall): Promise<void> {
     this.#undoing.add(seq);
     try {
-      await this.#sendUndo(seq, call);
-    } finally {
-      this.#undoing.delete(seq);
-    }
-  }
-
-  async #sendUndo(seq: number, call: DoubtfulCall): Promise<void> {
-    try {
       // Commands of one connection run in order, so each undo runs after its doubtful call (if that ever runs).
       await Promise.all(
         [...call.keys].map((key) =>
@@ -269,10 +261,12 @@ export class ReceiptLedger {
     } catch {
       // Redis is away again (or the undo timed out behind a slow Redis, where it still runs): tried again later.
       return;
+    } finally {
+      this.#undoing.delete(seq);
     }
     if (this.#inDoubt.delete(seq)) this.#settle(seq);
     // Its masters answered: one taken as away is back.
-    if (this.#downMasters?.any) for (const key of call.keys) this.#downMasters.answered(key);
+    for (const key of call.keys) this.#downMasters?.answered(key);
     if (this.#inDoubt.size === 0) {
       clearInterval(this.#reconcileTimer);
       this.#reconcileTimer = undefined;
@@ -287,7 +281,7 @@ export class ReceiptLedger {
    */
   #undoFailed(key: string, err: unknown): number {
     if (notACounter(err)) return 0;
-    if (this.#downMasters && this.#client.status === 'ready') this.#downMasters.failed(key);
+    this.#downMasters?.failed(key);
     throw err;
   }
 

@@ -1,5 +1,4 @@
 import calculateSlot from 'cluster-key-slot';
-import type { Cluster } from 'ioredis';
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { CONSUME_SCRIPT, pushConsumeArgs } from '../../src/limits/count-rules.js';
 import type { ConsumeRequest, StoreUnavailableError } from '../../src/limits/store.js';
@@ -291,7 +290,7 @@ describe('ConsumeBatcher on a Cluster master taken as away', () => {
     const slots: string[][] = [];
     slots[calculateSlot(key)] = ['10.0.0.1:6379'];
     let now = 0;
-    const downMasters = new DownMasters({ slots } as unknown as Cluster, { downMs: 1000, now: () => now });
+    const downMasters = new DownMasters({ slots, status: 'ready' }, { now: () => now });
     const perCounter = new ReceiptLedger(c, { downMasters });
     const batcher = new ConsumeBatcher(c, perCounter, { batching: false, downMasters });
     const plenty = request({ hourLimit: 10_000, dayLimit: 10_000 });
@@ -321,7 +320,7 @@ describe('ConsumeBatcher on a Cluster master taken as away', () => {
     const slots: string[][] = [];
     slots[calculateSlot(key)] = ['10.0.0.1:6379'];
     let now = 0;
-    const downMasters = new DownMasters({ slots } as unknown as Cluster, { downMs: 1000, now: () => now });
+    const downMasters = new DownMasters({ slots, status: 'ready' }, { now: () => now });
     const perCounter = new ReceiptLedger(c, { downMasters });
     const batcher = new ConsumeBatcher(c, perCounter, { batching: false, downMasters });
     downMasters.failed(key);
@@ -354,7 +353,7 @@ describe('ConsumeBatcher on a Cluster master taken as away', () => {
     const slots: string[][] = [];
     slots[calculateSlot(key)] = ['10.0.0.1:6379'];
     let now = 0;
-    const downMasters = new DownMasters({ slots } as unknown as Cluster, { downMs: 1000, now: () => now });
+    const downMasters = new DownMasters({ slots, status: 'ready' }, { now: () => now });
     const perCounter = new ReceiptLedger(c, { downMasters });
     const batcher = new ConsumeBatcher(c, perCounter, { batching: false, downMasters });
     await inspect.set(key, 'not a counter');

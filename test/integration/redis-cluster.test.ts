@@ -5,12 +5,11 @@ import { Cluster, Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { connectWithin, createClusterClient, createRedisClient, type RedisClient } from '../../src/redis/connection.js';
 import { RedisCounterStore } from '../../src/redis/counter-store.js';
-import { MASTER_DOWN_MS } from '../../src/redis/down-masters.js';
 import { UNDO_SCRIPT } from '../../src/redis/receipt-ledger.js';
 import { parseLimits } from '../../src/config/load-limits.js';
 import { CONSUME_SCRIPT } from '../../src/limits/count-rules.js';
 import type { LimitRow } from '../../src/limits/limit-table.js';
-import { Limiter } from '../../src/limits/limiter.js';
+import { Limiter, RETRY_STORE_AFTER_MS } from '../../src/limits/limiter.js';
 import { MemoryCounterStore } from '../../src/limits/memory-store.js';
 import { StoreUnavailableError, type Counts } from '../../src/limits/store.js';
 import { startSandboxBridge, type SandboxBridge } from '../../src/sandbox/bridge.js';
@@ -191,7 +190,7 @@ describe('RedisCounterStore on a Redis Cluster, when a node connection closes du
         proxy.failNextCommand(lost, closeAfterMs);
         await expect(consume()).rejects.toBeInstanceOf(StoreUnavailableError);
         expect(proxy.lost).toBe(1);
-        // Its master is taken as away for a while: the next call is not sent.
+        // Its master is marked as away: the next call within a second (MASTER_DOWN_MS) is not sent.
         await expect(consume()).rejects.toMatchObject({ kind: 'connection', part: true });
         // The same counter keeps counting once the master answers again: one call every 10 ms, 20
         // once one was answered (before, the master is tried once a second, and a loaded machine may
@@ -388,9 +387,9 @@ describe('a Limiter on a Redis Cluster, when one master is away', () => {
       }
       expect(sources[elsewhere]).toEqual(Array.from({ length: 10 }, () => 'store'));
       expect(sources[onAway]).toEqual(Array.from({ length: 10 }, () => 'insurance'));
-      // Then, for longer than a master stays marked without a call that tries it, requests on the
-      // other master only: the merges they bring send nothing to the master away (regression: one
-      // was sent once the mark had run out, failed, and its units stayed in this instance only).
+      // Then, for 1.5 s, requests on the other master only: the merges they bring send nothing to
+      // the master away (regression: a form whose marks ran out after a second sent one, which
+      // failed, and its units stayed in this instance only).
       for (let i = 0; i < 20; i++) {
         expect(await check(elsewhere)).toBe('store');
         await new Promise((r) => setTimeout(r, 75));
@@ -406,6 +405,7 @@ describe('a Limiter on a Redis Cluster, when one master is away', () => {
 
       (proxies[0] as RedisProxy).away = false;
       let source = 'insurance';
+      // One counted in the cluster before, ten in the insurance counters meanwhile.
       let admitted = 11;
       const deadline = Date.now() + 8000;
       while (source !== 'store' && Date.now() < deadline) {
@@ -414,8 +414,8 @@ describe('a Limiter on a Redis Cluster, when one master is away', () => {
         admitted++;
       }
       expect(source).toBe('store');
-      // A merge that failed while the master's connection opened again is tried once a second has passed.
-      await new Promise((r) => setTimeout(r, MASTER_DOWN_MS));
+      // A merge that failed while the master's connection opened again is tried once the limiter's wait has passed.
+      await new Promise((r) => setTimeout(r, RETRY_STORE_AFTER_MS));
       await check(elsewhere);
       await limiter.merged();
       await store.reconcile();
@@ -424,6 +424,7 @@ describe('a Limiter on a Redis Cluster, when one master is away', () => {
         String(admitted),
         String(admitted),
       ]);
+      // Ten with the key away, twenty with the other master only, one to bring the last merge.
       expect(await client.hmget(store.counterKey(elsewhere, row.counterId), 'hc', 'dc')).toEqual(['31', '31']);
       expect(lostInMerges).toBe(0);
     } finally {
