@@ -23,8 +23,8 @@ import { notACounter, toStoreError } from './errors.js';
  * units were taken back; each call tells the script the oldest unsettled one, and the script
  * keeps every receipt from there on (up to RECEIPTS_KEPT of the instance). A call of one counter
  * (on a Cluster, every call) names the oldest unsettled call of that counter: a call in doubt
- * behind a master that is away then keeps no receipts in the counters of the other masters. So a receipt is still
- * there when its undo runs: the undo is sent as soon as the call fails on a live connection, or
+ * behind a master that is away then keeps no receipts in the counters of the other masters. So a
+ * receipt is still there when its undo runs: the undo is sent as soon as the call fails on a live connection, or
  * when a new one is ready, or (a Cluster master taken as away) as soon as a call there is
  * answered again, so the calls that run between a call in doubt and its undo are those that were
  * out with it, fewer than the batcher lets out at once (MAX_CALLS_OUT), or the one that tried the
@@ -228,7 +228,7 @@ export class ReceiptLedger {
     if (this.#inDoubt.size === 0 || this.#client.status !== 'ready') return Promise.resolve();
     // Each call is settled as soon as its own undo is through: one counter on a Cluster node that
     // is down holds back no other. What fails is tried again by the timer, or on 'ready'; a call
-    // of a master taken as away waits until a call there is answered.
+    // of a master taken as away waits, but for the one undo a second that tries the master.
     this.#reconciling ??= Promise.all(
       [...this.#inDoubt].flatMap(([seq, call]) => (this.#behindMasterAway(call) ? [] : [this.#undo(seq, call)])),
     ).then(() => {

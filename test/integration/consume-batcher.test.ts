@@ -285,27 +285,42 @@ describe('ConsumeBatcher: failed calls', () => {
 });
 
 describe('ConsumeBatcher on a Cluster master taken as away', () => {
-  it("sends the undos held back for the master as soon as a call there is answered, ahead of the calls after it (regression: they waited for the ledger's next round, and the calls on the counter pushed the receipt out)", async () => {
-    const key = `away-${Date.now().toString(36)}`;
+  /**
+   * A batcher as on a Cluster (batching off) whose DownMasters has a slot map of `key`'s slot on
+   * one master, a clock the test moves, and a ledger of its own; the master is marked as away at 0.
+   */
+  function withMasterAway(name: string): {
+    key: string;
+    clock: { now: number };
+    downMasters: DownMasters;
+    perCounter: ReceiptLedger;
+    batcher: ConsumeBatcher;
+  } {
+    const key = `${name}-${Date.now().toString(36)}`;
     const slots: string[][] = [];
     slots[calculateSlot(key)] = ['10.0.0.1:6379'];
-    let now = 0;
-    const downMasters = new DownMasters({ slots, status: 'ready' }, { now: () => now });
+    const clock = { now: 0 };
+    const downMasters = new DownMasters({ slots, status: 'ready' }, { now: () => clock.now });
     const perCounter = new ReceiptLedger(c, { downMasters });
     const batcher = new ConsumeBatcher(c, perCounter, { batching: false, downMasters });
+    downMasters.failed(key);
+    return { key, clock, downMasters, perCounter, batcher };
+  }
+
+  it("sends the undos held back for the master as soon as a call there is answered, ahead of the calls after it (regression: they waited for the ledger's next round, and the calls on the counter pushed the receipt out)", async () => {
+    const { key, clock, perCounter, batcher } = withMasterAway('away');
     const plenty = request({ hourLimit: 10_000, dayLimit: 10_000 });
     // A call that counted, then fell in doubt on the master's connection, which is marked.
     const doubtful = perCounter.issue(key);
     const keysThenArgs: Array<string | number> = [key];
     pushConsumeArgs(keysThenArgs, [{ request: plenty }], doubtful);
     await c.eval(CONSUME_SCRIPT, 1, ...keysThenArgs);
-    downMasters.failed(key);
     perCounter.failed(doubtful, { keys: [key] }, new Error('Connection is closed.'));
     await perCounter.reconcile();
     expect(perCounter.inDoubt).toBe(1);
     // Its time has come: this call tries the master, which answers, and many calls count on the
     // counter right after.
-    now = 1000;
+    clock.now = 1000;
     expect(await batcher.consume(key, plenty)).toMatchObject({ allowed: true });
     for (let wave = 0; wave < 3; wave++)
       await Promise.all(Array.from({ length: 200 }, () => batcher.consume(key, plenty)));
@@ -316,29 +331,22 @@ describe('ConsumeBatcher on a Cluster master taken as away', () => {
   });
 
   it("takes the master as away again when the call that tries it fails in any way, a timeout too, and says the failure is the store's part only (the limiter would otherwise decide every request without Redis for a second)", async () => {
-    const key = `probe-${Date.now().toString(36)}`;
-    const slots: string[][] = [];
-    slots[calculateSlot(key)] = ['10.0.0.1:6379'];
-    let now = 0;
-    const downMasters = new DownMasters({ slots, status: 'ready' }, { now: () => now });
-    const perCounter = new ReceiptLedger(c, { downMasters });
-    const batcher = new ConsumeBatcher(c, perCounter, { batching: false, downMasters });
-    downMasters.failed(key);
+    const { key, clock, downMasters, perCounter, batcher } = withMasterAway('probe');
     await expect(batcher.consume(key, request())).rejects.toMatchObject({ kind: 'connection', part: true });
     // Its time has come: this call tries the master, which is slow; the call fails at 1500.
-    now = 1000;
+    clock.now = 1000;
     await inspect.call('CLIENT', 'PAUSE', '1300', 'ALL');
     const tried = batcher.consume(key, request());
-    now = 1500;
+    clock.now = 1500;
     await expect(tried).rejects.toMatchObject({ kind: 'timeout', part: true });
     // Marked again from its failure: the next try a whole downMs later.
     expect(downMasters.tryFor(key)).toBe('away');
-    now = 2000;
+    clock.now = 2000;
     expect(downMasters.tryFor(key)).toBe('away');
-    now = 2500;
+    clock.now = 2500;
     expect(downMasters.tryFor(key)).toBe('probe');
     // The pause ends; the call that timed out ran then, and is taken back (its undo tries the master).
-    now = 10_000;
+    clock.now = 10_000;
     for (let i = 0; i < 100 && perCounter.inDoubt > 0; i++) {
       await perCounter.reconcile();
       await new Promise((r) => setTimeout(r, 20));
@@ -349,16 +357,9 @@ describe('ConsumeBatcher on a Cluster master taken as away', () => {
   });
 
   it('takes a master as back when the call that tries it finds its key no counter (WRONGTYPE: the master answered)', async () => {
-    const key = `wrongtype-${Date.now().toString(36)}`;
-    const slots: string[][] = [];
-    slots[calculateSlot(key)] = ['10.0.0.1:6379'];
-    let now = 0;
-    const downMasters = new DownMasters({ slots, status: 'ready' }, { now: () => now });
-    const perCounter = new ReceiptLedger(c, { downMasters });
-    const batcher = new ConsumeBatcher(c, perCounter, { batching: false, downMasters });
+    const { key, clock, downMasters, perCounter, batcher } = withMasterAway('wrongtype');
     await inspect.set(key, 'not a counter');
-    downMasters.failed(key);
-    now = 1000;
+    clock.now = 1000;
     await expect(batcher.consume(key, request())).rejects.toMatchObject({ kind: 'reply', part: false });
     expect(downMasters.any).toBe(false);
     perCounter.close();

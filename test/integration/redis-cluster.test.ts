@@ -141,6 +141,19 @@ async function masterOf(key: string): Promise<number> {
   }
 }
 
+/** A counter of its own in `store` (a key named after `name`), and a request on it with room for a hundred. */
+function ownCounter(
+  store: RedisCounterStore,
+  name: string,
+): { keyHash: string; key: string; consume: () => Promise<Counts> } {
+  const keyHash = `${name}-${Date.now().toString(36)}`;
+  return {
+    keyHash,
+    key: store.counterKey(keyHash, request().counterId),
+    consume: () => store.consume(request({ keyHash, hourLimit: 100, dayLimit: 100 })),
+  };
+}
+
 /** Moves a slot and its keys from one master to another (CLUSTER SETSLOT, MIGRATE), as a resharding does. */
 async function moveSlot(slot: number, from: number, to: number): Promise<void> {
   const nodes = cluster.ports.map((port) => new Redis({ host: '127.0.0.1', port, maxRetriesPerRequest: 1 }));
@@ -177,10 +190,8 @@ describe('RedisCounterStore on a Redis Cluster, when a node connection closes du
       try {
         expect(await connectWithin(proxied, 5000)).toBe(true);
         const store = new RedisCounterStore(proxied, storePrefix);
-        const keyHash = `lost-${lost}-${closeAfterMs}-${Date.now().toString(36)}`;
-        const key = store.counterKey(keyHash, request().counterId);
+        const { key, consume } = ownCounter(store, `lost-${lost}-${closeAfterMs}`);
         const proxy = proxies[await masterOf(key)] as RedisProxy;
-        const consume = (): Promise<Counts> => store.consume(request({ keyHash, hourLimit: 100, dayLimit: 100 }));
 
         expect(await consume()).toEqual({ allowed: true, hour: 1, day: 1 });
         // A consume call is sent as EVALSHA, or as EVAL with the script on a new connection (ioredis).
@@ -233,13 +244,11 @@ describe('RedisCounterStore on a Redis Cluster, when the slot of a call in doubt
     try {
       expect(await connectWithin(proxied, 5000)).toBe(true);
       const store = new RedisCounterStore(proxied, storePrefix);
-      const keyHash = `moved-${Date.now().toString(36)}`;
-      const key = store.counterKey(keyHash, request().counterId);
+      const { key, consume } = ownCounter(store, 'moved');
       const slot = calculateSlot(key);
       const from = await masterOf(key);
       const to = (from + 1) % cluster.ports.length;
       const newNode = nodes[to] as Redis;
-      const consume = (): Promise<Counts> => store.consume(request({ keyHash, hourLimit: 100, dayLimit: 100 }));
       expect(await consume()).toEqual({ allowed: true, hour: 1, day: 1 });
 
       // The old master reads the next call only once the slot has moved on.
@@ -289,10 +298,7 @@ describe('RedisCounterStore on a Redis Cluster, when the slot of a call in doubt
 
 describe('RedisCounterStore on a Redis Cluster, when a slot moves to another master', () => {
   it("follows the old master's MOVED for a call that has not failed, and counts it on the new master once", async () => {
-    const store = new RedisCounterStore(client, storePrefix);
-    const keyHash = `follows-${Date.now().toString(36)}`;
-    const key = store.counterKey(keyHash, request().counterId);
-    const consume = (): Promise<Counts> => store.consume(request({ keyHash, hourLimit: 100, dayLimit: 100 }));
+    const { key, consume } = ownCounter(new RedisCounterStore(client, storePrefix), 'follows');
     expect(await consume()).toEqual({ allowed: true, hour: 1, day: 1 });
     const from = await masterOf(key);
     const to = (from + 1) % cluster.ports.length;
@@ -310,10 +316,7 @@ describe('RedisCounterStore on a Redis Cluster, when a slot moves to another mas
 
 describe('RedisCounterStore on a Redis Cluster, when no master serves a slot for a while', () => {
   it('fails a call for it at once as a refusal (nothing ran), and never sends it again (regression: ioredis sent it again 100 ms after CLUSTERDOWN, through its delay queue, also after the call had timed out)', async () => {
-    const store = new RedisCounterStore(client, storePrefix);
-    const keyHash = `clusterdown-${Date.now().toString(36)}`;
-    const key = store.counterKey(keyHash, request().counterId);
-    const consume = (): Promise<Counts> => store.consume(request({ keyHash, hourLimit: 100, dayLimit: 100 }));
+    const { key, consume } = ownCounter(new RedisCounterStore(client, storePrefix), 'clusterdown');
     expect(await consume()).toEqual({ allowed: true, hour: 1, day: 1 });
     const slot = calculateSlot(key);
     const owner = new Redis({ host: '127.0.0.1', port: cluster.ports[await masterOf(key)], maxRetriesPerRequest: 1 });
