@@ -297,6 +297,8 @@ describe('REDIS_FAILURE_MODE=closed', () => {
       expect(o.ms).toBeLessThan(FAST_MS);
       expect(o.reply.headers['content-type']).toMatch(/^application\/json/);
       expect(expectTwoFields(o.reply).error).toBe('Service Unavailable');
+      // A known key gets its answer or a 503 with Retry-After (README "API keys and plans").
+      expect(o.reply.headers['retry-after']).toBe('1');
       expect(o.reply.text).not.toMatch(/127\.0\.0\.1|ECONNREFUSED|redis:\/\/|at .*\.js/);
     }
     expect(gw.eqt.requests.length).toBe(bridgeBefore);
@@ -326,6 +328,7 @@ describe('REDIS_FAILURE_MODE=closed', () => {
       expect(o.reply.status).toBe(503);
       expect(o.ms).toBeLessThan(FAST_MS);
       expect(expectTwoFields(o.reply).error).toBe('Service Unavailable');
+      expect(o.reply.headers['retry-after']).toBe('1');
     }
     expect(ready.status).toBe(503);
     await sleep(Math.max(0, pausedAt + 1600 - Date.now()));

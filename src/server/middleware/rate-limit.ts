@@ -1,7 +1,7 @@
 import type { Context } from 'hono';
 import { limitsFor } from '../../limits/limit-table.js';
 import { rateLimitHeaders, retryAfterHeader } from '../../limits/headers.js';
-import type { Decision, Limiter } from '../../limits/limiter.js';
+import { RETRY_STORE_AFTER_MS, type Decision, type Limiter } from '../../limits/limiter.js';
 import type { GatewayMetrics } from '../../observability/metrics.js';
 import { answer } from '../answers.js';
 import type { Next, Step } from '../chain.js';
@@ -12,6 +12,12 @@ import type { GatewayEnv } from '../context.js';
  * A refusal is the exact 429 of README "Headers and answers"; from here on every answer carries the usage headers.
  */
 
+/**
+ * `REDIS_FAILURE_MODE=closed` while Redis is away: a known key gets its answer or a 503 with
+ * `Retry-After` (README "API keys and plans"), the second in which the instance tries Redis again.
+ */
+const STORE_RETRY_AFTER: [string, string] = ['Retry-After', String(Math.ceil(RETRY_STORE_AFTER_MS / 1000))];
+
 /** An allowed request that leaves less than this share of a window counts as "near the limit". */
 const NEAR_LIMIT_SHARE = 0.1;
 
@@ -20,7 +26,8 @@ export function rateLimit(options: { limiter: Limiter; metrics: GatewayMetrics }
 
   const decided = (c: Context<GatewayEnv>, next: Next, decision: Decision): Promise<Response> | Response => {
     c.set('decision', decision);
-    if (decision.kind === 'unavailable') return answer(c, 'redis-unavailable', 503, 'Rate limiting is unavailable');
+    if (decision.kind === 'unavailable')
+      return answer(c, 'redis-unavailable', 503, 'Rate limiting is unavailable', [STORE_RETRY_AFTER]);
     if (decision.kind === 'counted') {
       c.set('usageHeaders', rateLimitHeaders(decision, decision.at));
       const endpoint = c.get('endpoint').row.route.text;
