@@ -7,6 +7,9 @@
  *  - repeated slashes and a trailing slash are dropped;
  *  - percent-encoded unreserved characters are decoded and other escapes upper-cased
  *    (RFC 3986 §6.2.2), so `%2e%2E` is a dot segment and `%6Frders` is `orders`;
+ *  - so are the other characters a segment holds as they are (`:@!$&'()*+,=`, RFC 3986 §3.3
+ *    pchar): most servers decode the path before they route it, and read `/x/a%3Ab` as `/x/a:b`,
+ *    the path of a table literal `a:b` that must not pass as a `{id}` of another row;
  *  - an encoded `/`, `\` or control character, a raw `\`, a raw `;`, a fragment, a malformed
  *    escape or a character outside RFC 3986 `pchar` is refused: such paths are read differently
  *    by different servers, and no legitimate client sends them. (Servlet containers and Spring
@@ -106,7 +109,8 @@ export function normaliseTarget(target: string): NormalisedTarget {
       const byte = hi * 16 + lo;
       if (byte === 0x2f || byte === 0x5c) return refused('Encoded slash in path');
       if (byte < 0x20 || byte === 0x7f) return refused('Encoded control character in path');
-      segment += isUnreserved(byte) ? String.fromCharCode(byte) : '%' + HEX[hi] + HEX[lo];
+      // An encoded `;` stays encoded: decoded, it would start path parameters (see above).
+      segment += byte !== 59 && isPlainPchar(byte) ? String.fromCharCode(byte) : '%' + HEX[hi] + HEX[lo];
       i += 2;
     } else if (code === 59) {
       // ";"

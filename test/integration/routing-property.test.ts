@@ -20,6 +20,7 @@ const ROWS = [
   { route: 'POST /orders', method: 'POST', pattern: ['orders'] },
   { route: 'GET /marketdata/{symbol}', method: 'GET', pattern: ['marketdata', '*'] },
   { route: 'GET /marketdata/{symbol}/quotes', method: 'GET', pattern: ['marketdata', '*', 'quotes'] },
+  { route: 'GET /orders:batch', method: 'GET', pattern: ['orders:batch'] },
 ] as const;
 
 const LIMITS = `
@@ -47,7 +48,9 @@ function referenceNormalise(rawPath: string): string | undefined {
         if (byte === 0x2f || byte === 0x5c) return undefined; // encoded slash or backslash
         if (byte < 0x20 || byte === 0x7f) return undefined; // encoded control character
         const decoded = String.fromCharCode(byte);
-        segment += UNRESERVED.test(decoded) ? decoded : '%' + hex.toUpperCase();
+        // Unreserved characters and the rest of pchar but `;` are decoded; other escapes kept, upper-cased.
+        segment +=
+          UNRESERVED.test(decoded) || (PCHAR.test(decoded) && decoded !== ';') ? decoded : '%' + hex.toUpperCase();
         i += 2;
       } else if (ch === ';')
         return undefined; // path parameters to some servers
@@ -98,7 +101,21 @@ const segment = fc.oneof(
   },
   {
     weight: 2,
-    arbitrary: fc.constantFrom('%20', '%zz', '%4', '%', '%00', '%7F', "a!$&'()*+,;=:@b", "a!$&'()*+,=:@b", '%C3%A9'),
+    arbitrary: fc.constantFrom(
+      '%20',
+      '%zz',
+      '%4',
+      '%',
+      '%00',
+      '%7F',
+      "a!$&'()*+,;=:@b",
+      "a!$&'()*+,=:@b",
+      '%C3%A9',
+      'a%3Ab',
+      '%40%2B%2c%3D',
+      '%3F',
+      '%25',
+    ),
   },
   { weight: 1, arbitrary: fc.constantFrom(';', ';x=1', '1;jsessionid=2', '%3B', 'a%3bb') },
   { weight: 3, arbitrary: fc.stringMatching(/^[A-Za-z0-9\-._~]{1,8}$/) },
@@ -109,6 +126,7 @@ const SPELLINGS: Record<string, readonly string[]> = {
   orders: ['orders', 'orders', '%6Frders', 'o%72ders', '%6F%72%64%65%72%73', 'ord%65rs'],
   marketdata: ['marketdata', 'marketdata', 'market%64ata', '%6Darketdata'],
   quotes: ['quotes', 'quote%73', '%71uotes'],
+  'orders:batch': ['orders:batch', 'orders%3Abatch', 'orders%3abatch', '%6Frders%3Abatch'],
 };
 const detour = fc.constantFrom(
   '',
@@ -217,5 +235,37 @@ describe('path normalisation and routing, as a property over real sockets', () =
       expect(entry?.hour.used, row.route).toBe(perRow.get(row.route) ?? 0);
       expect(entry?.day.used, row.route).toBe(perRow.get(row.route) ?? 0);
     }
+  });
+});
+
+describe('regression: an encoded ":" passed a spent literal row as the {id} of another', () => {
+  let gw: TestGateway;
+
+  beforeAll(async () => {
+    gw = await startTestGateway({
+      limits: `
+timezone: UTC
+limits:
+  - { name: Literal, route: "GET /x/a:b", per_hour: 1, per_day: 10 }
+  - { name: Any, route: "GET /x/{id}", per_hour: 100, per_day: 1000 }
+`,
+      env: { LOG_LEVEL: 'warn' },
+    });
+  });
+  afterAll(async () => {
+    await gw?.stop();
+  });
+
+  it('reads /x/a%3Ab as /x/a:b, as the bridges do: counted on the literal row, refused once it is spent', async () => {
+    const key = `colon-${Date.now()}`;
+    const get = (path: string) => send(gw.url, { path, headers: { 'X-API-Key': key }, agent: false });
+    expect((await get('/x/a:b')).status).toBe(200);
+    const encoded = await get('/x/a%3Ab');
+    expect(encoded.status).toBe(429);
+    expect(encoded.headers['x-ratelimit-limit-hour']).toBe('1');
+    expect((await get('/x/a%3ab')).status).toBe(429);
+    expect(gw.eqt.requests.map((q) => q.url)).toEqual(['/x/a:b']);
+    const usage = await usageOf(gw, key);
+    expect(usage.find((e) => e.route === 'GET /x/{id}')?.hour.used).toBe(0);
   });
 });

@@ -22,6 +22,11 @@ describe('normaliseTarget', () => {
     ['/%6Frders/1', '/orders/1'],
     ['/orders/%7e1', '/orders/~1'],
     ['/orders/%c3%a9', '/orders/%C3%A9'],
+    // Bridges decode these before routing: `a%3Ab` is the literal `a:b` (test below).
+    ['/x/a%3Ab', '/x/a:b'],
+    ['/x/%40%21%24%26%27%28%29%2A%2B%2C%3D%3a', "/x/@!$&'()*+,=:"],
+    ['/x/a%3Bb', '/x/a%3Bb'],
+    ['/x/%20%25%3F%23', '/x/%20%25%3F%23'],
     ['/', '/'],
     ['/./', '/'],
     ['/..', '/'],
