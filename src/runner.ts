@@ -82,9 +82,9 @@ export async function startGateway(options: GatewayOptions): Promise<Gateway> {
   }
 }
 
-async function start(parts: Parts): Promise<Gateway> {
-  const { settings, options, logger, metrics, closers } = parts;
-  const backend = await openBackend(settings, { logger, clock: options.clock }, closers);
+/** The limiter over the backend's stores; on shutdown it hands the store what it admitted without it. */
+function openLimiter(parts: Parts, backend: Backend): Limiter {
+  const { options, logger, metrics, closers } = parts;
   const limiter = new Limiter({
     store: backend.store,
     insurance: backend.insurance,
@@ -93,6 +93,18 @@ async function start(parts: Parts): Promise<Gateway> {
     observer: metrics,
   });
   backend.onConnected(() => limiter.storeAvailable());
+  // Closed after the listeners and before the store: no request comes any more, and the store is still there.
+  closers.add('outage units', async () => {
+    const waiting = await limiter.mergeWaiting();
+    if (waiting > 0) logger.warn({ counters: waiting }, 'units admitted while redis was away could not be added to it');
+  });
+  return limiter;
+}
+
+async function start(parts: Parts): Promise<Gateway> {
+  const { settings, options, logger, metrics, closers } = parts;
+  const backend = await openBackend(settings, { logger, clock: options.clock }, closers);
+  const limiter = openLimiter(parts, backend);
   const tables = await loadTables(parts);
   const keys = await assembleKeys(settings, backend, tables, logger, closers, {
     displayName,

@@ -282,6 +282,21 @@ export class Limiter {
     if (this.#unmerged.size > 0) this.#mergeIntoStore();
   }
 
+  /**
+   * At shutdown: the units admitted without the store that still wait for it are handed to it
+   * now, whenever the last merge failed (they would otherwise go only with a later request, and
+   * the process is ending). Resolves with the number of counters still waiting, whose units end
+   * with the process.
+   */
+  async mergeWaiting(): Promise<number> {
+    while (this.#merging) await this.#merging;
+    if (this.#unmerged.size > 0) {
+      this.#mergeIntoStore();
+      await this.merged();
+    }
+    return this.#unmerged.size;
+  }
+
   /** Resolves once the units handed to the store after an outage are in (or the attempt failed). */
   merged(): Promise<void> {
     return this.#merging ?? Promise.resolve();

@@ -388,6 +388,54 @@ describe('a Redis reply lost with its connection (the command ran, the gateway n
   });
 });
 
+describe('regression: the units admitted while Redis was slow were lost when the gateway stopped before another request', () => {
+  let redis: RedisProcess;
+  let proxy: RedisProxy;
+
+  beforeAll(async () => {
+    redis = await startRedisServer();
+    proxy = await startRedisProxy(redis.port);
+  });
+  afterAll(async () => {
+    await proxy?.close();
+    await redis?.stop();
+  });
+
+  /** The hour counts of every counter in this test's own Redis, added up. */
+  async function hourCountsInRedis(): Promise<number> {
+    const inspect = new Redis(redis.url, { maxRetriesPerRequest: 1 });
+    try {
+      let total = 0;
+      for (const counter of await inspect.keys('*c:{*')) total += Number((await inspect.hget(counter, 'hc')) ?? 0);
+      return total;
+    } finally {
+      inspect.disconnect();
+    }
+  }
+
+  it('hands them to Redis on shutdown (a slow Redis never drops the connection, so no reconnection merges them)', async () => {
+    const gw = await startTestGateway({
+      limits: LIMITS,
+      redis: proxy.url,
+      env: { REDIS_TIMEOUT_MS: '200', LOG_LEVEL: 'info' },
+    });
+    const key = newKey('stop-merge');
+    const first = await get(gw, '/orders/1', key);
+    expect(await counterOf(gw, first.id)).toBeUndefined(); // counted in Redis
+    proxy.delayRepliesMs = 500;
+    const second = await get(gw, '/orders/1', key);
+    proxy.delayRepliesMs = 0;
+    expect(second.reply.status).toBe(200);
+    expect(await counterOf(gw, second.id)).toBe('insurance');
+    // The late answer comes and the call in doubt is taken back; no request follows.
+    await sleep(1500);
+    expect(await hourCountsInRedis()).toBe(1);
+    await gw.stop();
+    // Two requests were admitted and forwarded: Redis holds both.
+    expect(await hourCountsInRedis()).toBe(2);
+  });
+});
+
 describe('Redis killed (SIGKILL) and restarted during traffic (insurance mode, persistent Redis)', () => {
   let redis: RedisProcess;
   let gw: TestGateway;

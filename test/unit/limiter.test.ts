@@ -224,6 +224,28 @@ describe('Limiter', () => {
     ]);
   });
 
+  it('hands the units still waiting to the store at shutdown (mergeWaiting), whenever the last merge failed, and says how many counters are left', async () => {
+    const limiter = make('insurance');
+    store.failing = new StoreUnavailableError('connection', 'master away', { part: true });
+    await check(limiter, small, 'a');
+    store.failing = undefined;
+    const mergeWorks = store.merge.bind(store);
+    store.merge = async (entries) => {
+      store.merges.push(entries);
+      throw new MergeFailedError(new StoreUnavailableError('connection', 'master away', { part: true }), entries);
+    };
+    await check(limiter, small, 'b'); // the first merge fails: the next waits for a request a second later
+    await limiter.merged();
+    expect(await limiter.mergeWaiting()).toBe(1); // tried at once, failed again: one counter left
+    expect(store.merges).toHaveLength(2);
+    store.merge = mergeWorks;
+    expect(await limiter.mergeWaiting()).toBe(0);
+    expect(store.merges).toHaveLength(3);
+    expect(await limiter.usage('a', [small], t.calendar)).toEqual([{ hour: 1, day: 1 }]);
+    expect(await limiter.mergeWaiting()).toBe(0); // nothing waits: nothing is sent
+    expect(store.merges).toHaveLength(3);
+  });
+
   it('reports the units of a merge that failed part-way by what became of them: added, kept for another try, or perhaps added (the metric of docs/operations.md "Metrics")', async () => {
     const merged: Array<[number, string]> = [];
     const limiter = new Limiter({
