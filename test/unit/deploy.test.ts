@@ -298,6 +298,14 @@ describe('deploy/docker-compose.yml', () => {
     expect(compose.services.redis).toBeDefined();
   });
 
+  it('keeps Redis on a volume with its append-only file: the issued API keys live only there (regression: a restart revoked them all)', () => {
+    const redis = compose.services.redis as ComposeService;
+    const command = redis.command ?? [];
+    expect(command[command.indexOf('--appendonly') + 1]).toBe('yes');
+    expect(command).not.toContain('--save');
+    expect(redis.volumes).toEqual(['redis-data:/data']);
+  });
+
   it('publishes the public port, the admin one on loopback only, and mounts limits.yaml where LIMITS_FILE says', () => {
     const settings = settingsOf(env());
     expect(gateway.ports).toEqual([
