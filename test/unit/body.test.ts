@@ -8,6 +8,10 @@ describe('isJsonMediaType', () => {
     'application/json; charset=utf-8',
     'application/json;charset=UTF-8',
     'application/json; charset="utf-8"',
+    // A charset parameter is allowed whatever it names; the body is read as UTF-8 all the same.
+    'application/json; charset=latin1',
+    'application/json; charset=ISO-8859-1',
+    'application/json;charset=us-ascii',
   ])('accepts %s', (t) => {
     expect(isJsonMediaType(t)).toBe(true);
   });
@@ -17,8 +21,10 @@ describe('isJsonMediaType', () => {
     'text/plain',
     'application/json-patch+json',
     'application/x-www-form-urlencoded',
-    'application/json; charset=latin1',
     'application/json; boundary=x',
+    'application/json; charset=utf-8; charset=latin1',
+    'application/json; charset=',
+    'application/json; charset=utf 8',
   ])('refuses %s', (t) => {
     expect(isJsonMediaType(t)).toBe(false);
   });

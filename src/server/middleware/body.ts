@@ -53,12 +53,18 @@ export function bodyRules(options: BodyOptions): Step {
   };
 }
 
-/** `application/json`, optionally with a UTF-8 charset parameter (RFC 8259 §8.1: JSON is UTF-8). */
+/**
+ * `application/json`, with at most a `charset` parameter (RFC 9110 §8.3.1: a token or a quoted
+ * string), whatever charset it names: the body itself is read as UTF-8 all the same (RFC 8259
+ * §8.1: JSON is UTF-8), and one that is not gets a 400 (credentialsProblem).
+ */
 export function isJsonMediaType(value: string | undefined): boolean {
   if (!value) return false;
   const [type, ...params] = value.split(';').map((p) => p.trim());
   if (type?.toLowerCase() !== 'application/json') return false;
-  return params.every((param) => /^charset\s*=\s*"?utf-?8"?$/i.test(param));
+  return (
+    params.length <= 1 && params.every((param) => /^charset\s*=\s*(?:[\w!#$%&'*+.^`|~-]+|"[^"\\]*")$/i.test(param))
+  );
 }
 
 const utf8 = new TextDecoder('utf-8', { fatal: true });
