@@ -53,11 +53,43 @@ export type ExchangeEvent =
   | { readonly type: 'response-end' }
   /** UPSTREAM_TIMEOUT_MS passed without progress. */
   | { readonly type: 'timer'; readonly clientStillSending: boolean; readonly bridgeBackedUp: boolean }
-  /** The connection to the bridge failed; `resendable`: a safe request on a reused connection the bridge had closed. */
+  /** The connection to the bridge failed; `resendable`: what resendable() says of the failed attempt. */
   | { readonly type: 'bridge-error'; readonly resendable: boolean }
   | { readonly type: 'body-too-large' }
   | { readonly type: 'framing-mismatch' }
   | { readonly type: 'client-gone' };
+
+/** What is known of an attempt that failed before its answer, for the one resend. */
+export interface FailedAttempt {
+  readonly method: string;
+  /** The request has a body: it was the client's stream, or read from it, and is not sent twice. */
+  readonly hasBody: boolean;
+  /** The bridge's status line had come. */
+  readonly answered: boolean;
+  /** The attempt was written on a connection that had carried earlier answers (a kept-alive one). */
+  readonly keptAlive: boolean;
+  /** The connection was closed or reset; not, say, an answer that was not HTTP. */
+  readonly connectionClosed: boolean;
+}
+
+const RESENDABLE_METHODS: ReadonlySet<string> = new Set(['GET', 'HEAD']);
+
+/**
+ * Whether a failed attempt may be sent once more: a GET or HEAD without a body that met a
+ * kept-alive connection the bridge had closed (RFC 9112 §9.3.1) before any status line came on it.
+ * A bridge that closes a new connection on a request, or answers it with bytes that are not HTTP,
+ * has failed that request itself, and would only be sent it twice (README "Forwarding": nothing
+ * else is ever retried).
+ */
+export function resendable(attempt: FailedAttempt): boolean {
+  return (
+    attempt.keptAlive &&
+    attempt.connectionClosed &&
+    !attempt.answered &&
+    !attempt.hasBody &&
+    RESENDABLE_METHODS.has(attempt.method)
+  );
+}
 
 export type ExchangeAction =
   | 'refresh-timer'

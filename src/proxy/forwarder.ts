@@ -1,12 +1,21 @@
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import { Readable } from 'node:stream';
-import type { Dispatcher } from 'undici';
+import type { Dispatcher, Client as IndexClient } from 'undici';
+import Client from 'undici/lib/dispatcher/client.js';
 import Pool from 'undici/lib/dispatcher/pool.js';
 import { BRIDGES, type BridgeName } from '../config/settings.js';
 import type { HeaderList } from '../lib/header-list.js';
 import { writeAnswer, type Reason } from '../lib/answers.js';
-import { START, isEnded, step, type ExchangeAction, type ExchangeEvent, type ExchangeState } from './exchange.js';
+import {
+  START,
+  isEnded,
+  resendable,
+  step,
+  type ExchangeAction,
+  type ExchangeEvent,
+  type ExchangeState,
+} from './exchange.js';
 import { requestHeaderList, responseHeaderList, type BodyFraming } from './headers.js';
 
 /**
@@ -76,15 +85,45 @@ function bridgeTarget(name: BridgeName, url: URL): BridgeTarget {
     // The exchange's own timer applies UPSTREAM_TIMEOUT_MS by its rules (proxy/exchange.ts).
     headersTimeout: 0,
     bodyTimeout: 0,
+    // The pool calls only `dispatch` and the lifecycle methods of what it makes (see src/types/undici.d.ts).
+    factory: (origin, options) => new BridgeClient(origin, options as IndexClient.Options) as unknown as Dispatcher,
   });
   return { name, pool, basePath: url.pathname.replace(/\/+$/, ''), host: url.host };
 }
 
+/**
+ * One connection of a bridge's pool: undici's Client holds one socket at a time and, with
+ * pipelining 1, one exchange on it at a time. It counts the answers its socket has carried, which
+ * tells an attempt whether it went out on a kept-alive connection, the one case of a resend
+ * (README "Forwarding"). undici's errors cannot tell: a reset carries nothing of its socket, and a
+ * new TLS connection has read bytes (its handshake) before its first request.
+ */
+class BridgeClient extends Client {
+  /** Whole answers the current socket has carried; a new socket has carried none. */
+  answered = 0;
+
+  constructor(origin: URL, options: IndexClient.Options) {
+    super(origin, options);
+    this.on('connect', () => {
+      this.answered = 0;
+    });
+  }
+
+  override dispatch(options: Dispatcher.DispatchOptions, handler: Dispatcher.DispatchHandler): boolean {
+    // The pool gives each request to one client, which writes it on the socket it holds then.
+    if (handler instanceof Attempt) handler.client = this;
+    return super.dispatch(options, handler);
+  }
+}
+
 /** Logged as the status of a request whose client left before its answer (nginx's convention). */
 const CLIENT_GONE = 499;
-const RESENDABLE_METHODS = new Set(['GET', 'HEAD']);
-/** Errors meaning the bridge was never reached at all: sending again would only fail again. */
-const NEVER_CONNECTED = new Set(['ECONNREFUSED', 'ENOTFOUND', 'EAI_AGAIN', 'EHOSTUNREACH', 'ENETUNREACH']);
+/**
+ * Errors of a connection the bridge closed or reset: undici's own when the socket ended or closed
+ * under a request, and the system's when it was reset or written after the bridge's close. An
+ * answer that is not HTTP (HPE_*) or whose head is too long is the bridge failing the request.
+ */
+const CONNECTION_CLOSED = new Set(['UND_ERR_SOCKET', 'ECONNRESET', 'EPIPE']);
 
 export class Forwarder {
   readonly #targets: Readonly<Record<BridgeName, BridgeTarget>>;
@@ -134,7 +173,10 @@ class Attempt implements Dispatcher.DispatchHandler {
   readonly #exchange: HttpExchange;
   #abort: ((reason?: Error) => void) | undefined;
   #cancelled = false;
+  #keptAlive = false;
   resume: (() => void) | undefined;
+  /** The pool's connection that took the attempt. */
+  client: BridgeClient | undefined;
 
   constructor(exchange: HttpExchange) {
     this.#exchange = exchange;
@@ -146,7 +188,14 @@ class Attempt implements Dispatcher.DispatchHandler {
     this.#abort?.(new Error('forwarding ended by the gateway'));
   }
 
+  /** Whether the attempt was written on a connection that had carried earlier answers. */
+  get keptAlive(): boolean {
+    return this.#keptAlive;
+  }
+
+  /** undici calls it as it writes the request on its client's socket. */
   onConnect(abort: (reason?: Error) => void): void {
+    this.#keptAlive = (this.client?.answered ?? 0) > 0;
     this.#abort = abort;
     if (this.#cancelled) abort(new Error('forwarding ended by the gateway'));
   }
@@ -165,6 +214,8 @@ class Attempt implements Dispatcher.DispatchHandler {
   }
 
   onComplete(): void {
+    // Counted before the client can write its next request on the socket.
+    if (this.client) this.client.answered++;
     this.#exchange.complete(this);
   }
 
@@ -402,18 +453,17 @@ class HttpExchange {
   failed(attempt: Attempt, err: Error): void {
     // An attempt already given up (aborted, or replaced by a resend) has nothing more to say.
     if (attempt !== this.#attempt || isEnded(this.#state)) return;
-    const code = (err as NodeJS.ErrnoException).code ?? '';
-    // A safe request whose connection broke before any answer (a kept-alive connection the bridge
-    // had just closed) may be sent once more (RFC 9110 §9.2.2).
-    const resendable =
-      this.#status === undefined &&
-      this.#source === 'none' &&
-      !NEVER_CONNECTED.has(code) &&
-      RESENDABLE_METHODS.has(this.#request.incoming.method ?? '');
-    if (!resendable || this.#state.resent) {
+    const again = resendable({
+      method: this.#request.incoming.method ?? '',
+      hasBody: this.#source !== 'none',
+      answered: this.#status !== undefined,
+      keptAlive: attempt.keptAlive,
+      connectionClosed: CONNECTION_CLOSED.has((err as NodeJS.ErrnoException).code ?? ''),
+    });
+    if (!again || this.#state.resent) {
       this.#onError(err, { bridge: this.#target.name, phase: this.#status === undefined ? 'request' : 'response' });
     }
-    this.#dispatch({ type: 'bridge-error', resendable });
+    this.#dispatch({ type: 'bridge-error', resendable: again });
   }
 
   readonly #onClientDrain = (): void => {

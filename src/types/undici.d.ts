@@ -11,3 +11,16 @@ declare module 'undici/lib/dispatcher/pool.js' {
   const Pool: new (...args: ConstructorParameters<typeof IndexPool>) => Pool;
   export default Pool;
 }
+
+// The pool's connections: a bridge's pool makes its own (proxy/forwarder.ts, BridgeClient). The
+// same class as the index's `Client`, without its helper methods, for the reason above; `dispatch`
+// is declared as the method it is, which a subclass may override.
+declare module 'undici/lib/dispatcher/client.js' {
+  import type { Dispatcher, Client as IndexClient } from 'undici';
+
+  interface Client extends Omit<IndexClient, 'request' | 'stream' | 'pipeline' | 'connect' | 'upgrade' | 'dispatch'> {
+    dispatch(options: Dispatcher.DispatchOptions, handler: Dispatcher.DispatchHandler): boolean;
+  }
+  const Client: new (...args: ConstructorParameters<typeof IndexClient>) => Client;
+  export default Client;
+}

@@ -14,6 +14,9 @@ import { outputOf, waitForOutput } from './child-gateway.js';
  *  - `drop`           closes the connection without a byte
  *  - `garbage`        answers bytes that are not HTTP
  *  - `noread`         stops reading at the request head: a body piles up in the socket buffers
+ *  - `stale`          on a connection that carried an earlier request, closes it without a byte: to
+ *                     the gateway, a kept-alive connection the bridge had just closed; on a new
+ *                     connection, `ok`
  *
  * Every connection is recorded with the paths it carried and whether it is closed.
  */
@@ -69,7 +72,8 @@ export async function startFaultyBridge(): Promise<FaultyBridge> {
         if (buffer.length < end + 4 + length) return;
         buffer = buffer.subarray(end + 4 + length);
         headSeen = false;
-        const mode = path.split('?')[0]?.split('/').at(-1) ?? '';
+        const asked = path.split('?')[0]?.split('/').at(-1) ?? '';
+        const mode = asked === 'stale' ? (record.paths.length > 1 ? 'drop' : 'ok') : asked;
         if (mode !== 'ok') stopped = true;
         answer(socket, mode);
         if (stopped) return;

@@ -1,6 +1,6 @@
 import http from 'node:http';
 import net from 'node:net';
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { startSandboxBridge, type SandboxBridge } from '../../src/sandbox/bridge.js';
 import { DEMO_PASSWORD, DEMO_USERNAME } from '../../src/sandbox/bodies.js';
 import { GATHERED_BODY_BYTES } from '../../src/proxy/forwarder.js';
@@ -161,6 +161,63 @@ describe('a bridge that breaks off its answer', () => {
     expectGatewayAnswer(out.reply, 502, 'Bad Gateway');
     await expectBridgeSocketsClosed('garbage');
     await expectServingAndCounted(key, 1);
+  });
+});
+
+describe('the one resend: a GET is sent again only after meeting a kept-alive connection the bridge had closed', () => {
+  // A gateway of its own for each test: its pool has no connection to the bridge until the test opens one.
+  let own: TestGateway;
+  beforeEach(async () => {
+    own = await startTestGateway({
+      limits: LIMITS,
+      redis: false,
+      env: { EQT_BRIDGE_URL: bridge.url, UPSTREAM_TIMEOUT_MS: String(UPSTREAM_TIMEOUT_MS), LOG_LEVEL: 'warn' },
+    });
+  });
+  afterEach(async () => {
+    await own?.stop();
+  });
+
+  /** A path of `mode` no other request carries, so that the bridge's records of it are this test's. */
+  const once = (mode: string): string => `${mode}?try=${newKey()}`;
+  /** The bridge connections that carried `/orders/<asked>`, with every path each carried. */
+  const carriers = (asked: string): string[][] =>
+    bridge.connections.filter((c) => c.paths.includes(`/orders/${asked}`)).map((c) => [...c.paths]);
+
+  it('a GET the bridge reads and drops on a new connection: a 502, and the bridge received it once', async () => {
+    const asked = once('drop');
+    const out = await order(asked, newKey(), own);
+    expectGatewayAnswer(out.reply, 502, 'Bad Gateway');
+    expect(carriers(asked)).toEqual([[`/orders/${asked}`]]);
+  });
+
+  it('a GET answered with bytes that are not HTTP on a new connection: a 502, and the bridge received it once', async () => {
+    const asked = once('garbage');
+    const out = await order(asked, newKey(), own);
+    expectGatewayAnswer(out.reply, 502, 'Bad Gateway');
+    expect(carriers(asked)).toEqual([[`/orders/${asked}`]]);
+  });
+
+  it('a GET answered with bytes that are not HTTP on a kept-alive connection: a 502, and the bridge received it once (an answer that is not HTTP is no closed connection)', async () => {
+    const key = newKey();
+    expect((await order('ok', key, own)).reply?.status).toBe(200);
+    const asked = once('garbage');
+    const out = await order(asked, key, own);
+    expectGatewayAnswer(out.reply, 502, 'Bad Gateway');
+    expect(carriers(asked)).toEqual([['/orders/ok', `/orders/${asked}`]]);
+  });
+
+  it('a GET that meets a kept-alive connection the bridge had closed: sent once more on a new connection, answered, and counted once', async () => {
+    const key = newKey();
+    expect((await order('ok', key, own)).reply?.status).toBe(200);
+    const asked = once('stale');
+    const out = await order(asked, key, own);
+    expect(out.error).toBeUndefined();
+    expect(out.reply?.status).toBe(200);
+    expect(out.reply?.text).toBe(OK_BODY);
+    // First on the connection that had carried the earlier GET, then on a new one.
+    expect(carriers(asked)).toEqual([['/orders/ok', `/orders/${asked}`], [`/orders/${asked}`]]);
+    expect((await usageOfRow(own, key, 'GET /orders/{id}')).hour.used).toBe(2);
   });
 });
 

@@ -1,5 +1,14 @@
 import { describe, expect, it } from 'vitest';
-import { isEnded, START, step, type ExchangeEvent, type ExchangeState, type Phase } from '../../src/proxy/exchange.js';
+import {
+  isEnded,
+  resendable,
+  START,
+  step,
+  type ExchangeEvent,
+  type ExchangeState,
+  type FailedAttempt,
+  type Phase,
+} from '../../src/proxy/exchange.js';
 
 /** The forwarding state machine, without sockets: every transition and the actions it asks for. */
 
@@ -94,6 +103,33 @@ describe('a bridge that fails', () => {
       state: at('cut'),
       actions: ['clear-timer', 'close-client'],
     });
+  });
+});
+
+describe('the one resend', () => {
+  /** A GET without a body that met a kept-alive connection the bridge had closed. */
+  const stale: FailedAttempt = { method: 'GET', hasBody: false, answered: false, keptAlive: true, connectionClosed: true };
+
+  it('is for a GET or HEAD without a body that met a kept-alive connection the bridge had closed', () => {
+    expect(resendable(stale)).toBe(true);
+    expect(resendable({ ...stale, method: 'HEAD' })).toBe(true);
+  });
+
+  it('is not for a request the bridge failed on a new connection (regression: a dropped GET reached the bridge twice)', () => {
+    expect(resendable({ ...stale, keptAlive: false })).toBe(false);
+  });
+
+  it('is not for an answer that is not HTTP, even on a kept-alive connection (regression: reached the bridge twice)', () => {
+    expect(resendable({ ...stale, connectionClosed: false })).toBe(false);
+    expect(resendable({ ...stale, keptAlive: false, connectionClosed: false })).toBe(false);
+  });
+
+  it('is not for a request with a body, any other method, or once the status line came', () => {
+    expect(resendable({ ...stale, hasBody: true })).toBe(false);
+    for (const method of ['POST', 'PUT', 'PATCH', 'DELETE', 'OPTIONS', 'get']) {
+      expect(resendable({ ...stale, method }), method).toBe(false);
+    }
+    expect(resendable({ ...stale, answered: true })).toBe(false);
   });
 });
 

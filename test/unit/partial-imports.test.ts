@@ -7,12 +7,14 @@ import RateLimiterRedis from 'rate-limiter-flexible/lib/RateLimiterRedis.js';
 import RateLimiterRes from 'rate-limiter-flexible/lib/RateLimiterRes.js';
 import * as rateLimiterFlexible from 'rate-limiter-flexible';
 import * as undici from 'undici';
+import Client from 'undici/lib/dispatcher/client.js';
 import Pool from 'undici/lib/dispatcher/pool.js';
 import { describe, expect, it } from 'vitest';
 
 /**
- * Two packages are loaded by one file each rather than by their index, which would load
- * everything they offer (docs/performance.md "What was changed"): undici's Pool alone, and the
+ * Two packages are loaded by their own files rather than by their index, which would load
+ * everything they offer (docs/performance.md "What was changed"): undici's Pool and its Client
+ * (the forwarder makes its pools' connections itself; pool.js loads client.js anyway), and the
  * three rate-limiter-flexible classes the guard uses. These deep paths are not the packages'
  * documented entry points, so an upgrade that moves them must fail here, not at start-up.
  */
@@ -46,6 +48,7 @@ function indexLoads(text: string): string[] {
 describe('partial imports of undici and rate-limiter-flexible', () => {
   it('are the very classes the package index exports', () => {
     expect(Pool).toBe(undici.Pool);
+    expect(Client).toBe(undici.Client);
     expect(RateLimiterMemory).toBe(rateLimiterFlexible.RateLimiterMemory);
     expect(RateLimiterRedis).toBe(rateLimiterFlexible.RateLimiterRedis);
     expect(RateLimiterRes).toBe(rateLimiterFlexible.RateLimiterRes);
