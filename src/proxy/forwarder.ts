@@ -86,7 +86,7 @@ function bridgeTarget(name: BridgeName, url: URL): BridgeTarget {
     headersTimeout: 0,
     bodyTimeout: 0,
     // The pool calls only `dispatch` and the lifecycle methods of what it makes (see src/types/undici.d.ts).
-    factory: (origin, options) => new BridgeClient(origin, options as IndexClient.Options) as unknown as Dispatcher,
+    factory: (origin, options) => new BridgeClient(origin, options) as unknown as Dispatcher,
   });
   return { name, pool, basePath: url.pathname.replace(/\/+$/, ''), host: url.host };
 }

@@ -108,7 +108,13 @@ describe('a bridge that fails', () => {
 
 describe('the one resend', () => {
   /** A GET without a body that met a kept-alive connection the bridge had closed. */
-  const stale: FailedAttempt = { method: 'GET', hasBody: false, answered: false, keptAlive: true, connectionClosed: true };
+  const stale: FailedAttempt = {
+    method: 'GET',
+    hasBody: false,
+    answered: false,
+    keptAlive: true,
+    connectionClosed: true,
+  };
 
   it('is for a GET or HEAD without a body that met a kept-alive connection the bridge had closed', () => {
     expect(resendable(stale)).toBe(true);
