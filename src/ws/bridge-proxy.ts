@@ -42,6 +42,26 @@ interface Upgrade {
   bridgeRequest: ClientRequest | undefined;
 }
 
+/**
+ * A flat header list as the object http-proxy passes to `http.request`, every line kept: a
+ * repeated field becomes an array, which Node sends one line per value (several `Cookie` lines
+ * as one, joined with "; ", as RFC 6265 §5.4 asks), as the HTTP path keeps repeated fields
+ * (README "Forwarding").
+ */
+export function headerObject(list: readonly string[]): Record<string, string | string[]> {
+  // No prototype: a field may be named `constructor` or `__proto__`.
+  const object = Object.create(null) as Record<string, string | string[]>;
+  for (let i = 0; i < list.length; i += 2) {
+    const name = (list[i] as string).toLowerCase();
+    const value = list[i + 1] as string;
+    const earlier = object[name];
+    if (earlier === undefined) object[name] = value;
+    else if (typeof earlier === 'string') object[name] = [earlier, value];
+    else earlier.push(value);
+  }
+  return object;
+}
+
 /** Logged as the status of an upgrade whose client left before the bridge answered. */
 const CLIENT_GONE = 499;
 
@@ -112,9 +132,7 @@ export class WebSocketProxy {
       added: request.addedHeaders,
     });
     // http-proxy writes the upgrade request from req.headers.
-    const object: Record<string, string> = {};
-    for (let i = 0; i < headers.length; i += 2) object[(headers[i] as string).toLowerCase()] = headers[i + 1] as string;
-    incoming.headers = object;
+    incoming.headers = headerObject(headers);
     incoming.url = request.target;
     this.#upgrades.set(incoming, upgrade);
     void this.#loadProxies().then((proxies) => {

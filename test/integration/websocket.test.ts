@@ -45,6 +45,8 @@ interface BridgeSide {
   /** The request target of the upgrade as the bridge received it. */
   readonly url: string;
   readonly headers: IncomingHttpHeaders;
+  /** The upgrade request's header lines as the bridge received them (flat: name, value, …). */
+  readonly rawHeaders: readonly string[];
   readonly messages: Array<{ data: Buffer; binary: boolean }>;
   /** Resolves with the close code and reason the bridge's socket saw. */
   readonly closed: Promise<{ code: number; reason: string }>;
@@ -99,7 +101,16 @@ async function startBridge(options: { httpDelayMs?: number } = {}): Promise<Test
         resolve({ code, reason: reason.toString('utf8') });
       });
     });
-    side = { ws, url: req.url ?? '', headers: req.headers, messages: [], closed, isClosed: false, socketClosed: false };
+    side = {
+      ws,
+      url: req.url ?? '',
+      headers: req.headers,
+      rawHeaders: req.rawHeaders,
+      messages: [],
+      closed,
+      isClosed: false,
+      socketClosed: false,
+    };
     req.socket.once('close', () => (side.socketClosed = true));
     sides.push(side);
     ws.on('error', () => {});
@@ -247,11 +258,19 @@ interface Opened {
   readonly closed: Promise<{ code: number; reason: string }>;
 }
 
-/** Opens a WebSocket through the gateway; rejects on anything but a 101 within `timeoutMs`. */
-function open(url: string, headers: Record<string, string> = {}, timeoutMs = 5000): Promise<Opened> {
+/**
+ * Opens a WebSocket through the gateway; rejects on anything but a 101 within `timeoutMs`. A field
+ * given several values is sent one line per value (ws hands the headers to http.request).
+ */
+function open(url: string, headers: Record<string, string | string[]> = {}, timeoutMs = 5000): Promise<Opened> {
   return withTimeout(
     new Promise<Opened>((resolve, reject) => {
-      const ws = new WebSocket(url, { headers, handshakeTimeout: timeoutMs, maxPayload: 16 * 1024 * 1024 });
+      const ws = new WebSocket(url, {
+        // (ws's typings allow one value per field; it passes them to http.request as they are.)
+        headers: headers as Record<string, string>,
+        handshakeTimeout: timeoutMs,
+        maxPayload: 16 * 1024 * 1024,
+      });
       clients.add(ws);
       let upgradeHeaders: IncomingHttpHeaders = {};
       const closed = new Promise<{ code: number; reason: string }>((res) => {
@@ -473,6 +492,70 @@ describe('an accepted upgrade', () => {
     side.ws.close(4001, 'done');
     expect(await withTimeout(closed, 3000, 'the client to close')).toEqual({ code: 4001, reason: 'done' });
     expect(await withTimeout(side.closed, 3000, 'the bridge side to close')).toEqual({ code: 4001, reason: 'done' });
+  });
+});
+
+/** The values of the lines named `name` (any case) in a flat header list. */
+function linesOf(raw: readonly string[], name: string): string[] {
+  const values: string[] = [];
+  for (let i = 0; i < raw.length; i += 2) if (raw[i]?.toLowerCase() === name) values.push(raw[i + 1] as string);
+  return values;
+}
+
+/** An upgrade request written by hand, for header lines no Node client sends (two `Cookie` lines); resolves with the answer's head. */
+function handWrittenUpgrade(gw: TestGateway, target: string, lines: readonly string[]): Promise<string> {
+  const socket = net.connect({ port: gw.port, host: '127.0.0.1' });
+  socket.on('error', () => {});
+  let received = '';
+  const head = new Promise<string>((resolve, reject) => {
+    socket.on('data', (chunk: Buffer) => {
+      received += chunk.toString('latin1');
+      const end = received.indexOf('\r\n\r\n');
+      if (end !== -1) resolve(received.slice(0, end));
+    });
+    socket.once('close', () => reject(new Error(`closed before an answer: ${JSON.stringify(received)}`)));
+  });
+  socket.write(
+    [
+      `GET ${target} HTTP/1.1`,
+      'Host: 127.0.0.1',
+      'Upgrade: websocket',
+      'Connection: Upgrade',
+      `Sec-WebSocket-Key: ${randomBytes(16).toString('base64')}`,
+      'Sec-WebSocket-Version: 13',
+      ...lines,
+      '',
+      '',
+    ].join('\r\n'),
+  );
+  return withTimeout(head, 5000, `the answer to ${target}`).finally(() => socket.destroy());
+}
+
+describe('the upgrade request the bridge receives', () => {
+  it('carries every line of a repeated field, as a forwarded HTTP request does (regression: only the last one reached the bridge)', async () => {
+    const sidesBefore = bridge.sides.length;
+    const { ws } = await open(wsUrl(gw, '/ws/orders'), { 'X-API-Key': newKey(), 'X-Client-Tag': ['one', 'two'] });
+    await waitFor(() => bridge.sides.length === sidesBefore + 1, 3000, 'the bridge to accept the WebSocket');
+    expect(linesOf(bridge.sides[sidesBefore]!.rawHeaders, 'x-client-tag')).toEqual(['one', 'two']);
+    expect(await echo(ws, 'still joined', false)).toEqual({ data: Buffer.from('still joined'), binary: false });
+    ws.close();
+  });
+
+  it('carries both Cookie lines, joined with "; " (RFC 6265 §5.4), and both Sec-WebSocket-Protocol lines, whose first the bridge picks', async () => {
+    const sidesBefore = bridge.sides.length;
+    const head = await handWrittenUpgrade(gw, '/ws/orders', [
+      `X-API-Key: ${newKey()}`,
+      'Cookie: a=1',
+      'Cookie: b=2',
+      'Sec-WebSocket-Protocol: chat',
+      'Sec-WebSocket-Protocol: superchat',
+    ]);
+    expect(head).toMatch(/^HTTP\/1\.1 101 /);
+    expect(head).toMatch(/\r\nsec-websocket-protocol: chat\r\n/i);
+    await waitFor(() => bridge.sides.length === sidesBefore + 1, 3000, 'the bridge to accept the WebSocket');
+    const { rawHeaders } = bridge.sides[sidesBefore]!;
+    expect(linesOf(rawHeaders, 'cookie')).toEqual(['a=1; b=2']);
+    expect(linesOf(rawHeaders, 'sec-websocket-protocol')).toEqual(['chat', 'superchat']);
   });
 });
 
