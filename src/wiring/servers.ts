@@ -38,7 +38,7 @@ export async function startAdminServer(app: Hono, settings: Settings, closers: C
     const [status, , message] = clientErrorAnswer(err.code);
     socket.end(rawAnswer(status, message));
   });
-  await listen(server, settings.adminPort, settings.adminHost, 'ADMIN_PORT');
+  await listen(server, settings.adminPort, settings.adminHost, ADMIN_SETTINGS);
   closers.add('admin listener', async () => {
     await new Promise<void>((resolve) => server.close(() => resolve()));
     server.closeAllConnections();
@@ -61,7 +61,7 @@ export async function startPublicServer(
 ): Promise<Listening> {
   const publicServer = createPublicServer(parts.app, settings, observe, upgradeListener(parts.app, parts.accepting));
   const { server } = publicServer;
-  await listen(server, settings.port, settings.host, 'PORT');
+  await listen(server, settings.port, settings.host, PUBLIC_SETTINGS);
   closers.add('public listener', async () => {
     server.close();
     const deadline = Date.now() + settings.shutdownTimeoutMs;
@@ -78,19 +78,38 @@ export async function startPublicServer(
   return listening(server);
 }
 
-/** Listens, or stops start-up with one line naming the setting when the port cannot be had. */
-function listen(server: http.Server, port: number, host: string, setting: string): Promise<void> {
+/** The variables that place a listener, for the line that names the wrong one. */
+interface ListenerSettings {
+  readonly port: 'PORT' | 'ADMIN_PORT';
+  readonly host: 'HOST' | 'ADMIN_HOST';
+}
+const PUBLIC_SETTINGS: ListenerSettings = { port: 'PORT', host: 'HOST' };
+const ADMIN_SETTINGS: ListenerSettings = { port: 'ADMIN_PORT', host: 'ADMIN_HOST' };
+
+/** Errors of the address rather than the port: the name does not resolve, or is not this host's. */
+const HOST_ERRORS: Readonly<Record<string, string>> = {
+  EADDRNOTAVAIL: 'not an address of this host',
+  ENOTFOUND: 'not an address of this host, nor a name it resolves',
+  EAI_NONAME: 'not an address of this host, nor a name it resolves',
+  EAI_FAIL: 'the name could not be resolved',
+  EAI_AGAIN: 'the name could not be resolved now (EAI_AGAIN)',
+  EAFNOSUPPORT: 'this host has no network of that address family',
+};
+
+/**
+ * Listens, or stops start-up with one line naming the variable that is wrong (README "Running it":
+ * a bad value exits 1 with one line naming the variable): the host's for an address that cannot be
+ * had, the port's otherwise.
+ */
+function listen(server: http.Server, port: number, host: string, names: ListenerSettings): Promise<void> {
   return new Promise((resolve, reject) => {
     const failed = (err: NodeJS.ErrnoException): void => {
-      const why =
-        err.code === 'EADDRINUSE'
-          ? 'the port is already in use'
-          : err.code === 'EACCES'
-            ? 'this user may not listen on that port'
-            : err.code === 'EADDRNOTAVAIL'
-              ? `${host} is not an address of this host`
-              : err.message;
-      reject(new StartupError(`${setting}=${port}: ${why} (${host}:${port})`, 'listener'));
+      const hostWhy = err.code === undefined ? undefined : HOST_ERRORS[err.code];
+      const line =
+        hostWhy !== undefined
+          ? `${names.host}=${host}: ${hostWhy} (${host}:${port})`
+          : `${names.port}=${port}: ${portProblem(err)} (${host}:${port})`;
+      reject(new StartupError(line, 'listener'));
     };
     server.once('error', failed);
     server.listen(port, host, () => {
@@ -98,6 +117,12 @@ function listen(server: http.Server, port: number, host: string, setting: string
       resolve();
     });
   });
+}
+
+function portProblem(err: NodeJS.ErrnoException): string {
+  if (err.code === 'EADDRINUSE') return 'the port is already in use';
+  if (err.code === 'EACCES') return 'this user may not listen on that port';
+  return err.message;
 }
 
 function listening(server: http.Server): Listening {

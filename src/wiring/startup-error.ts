@@ -1,10 +1,10 @@
 /**
  * Why an instance cannot start: the errors of an invalid table or key file (one per line), or a
- * listener that cannot have its port (one line naming the setting, README "Running it").
+ * listener that cannot have its port or address (one line naming the variable, README "Running it").
  */
 export class StartupError extends Error {
   override name = 'StartupError';
-  /** `listener`: a port that cannot be had, told in one line of its own. */
+  /** `listener`: a port or address that cannot be had, told in one line of its own. */
   readonly reason: 'files' | 'listener';
 
   constructor(message: string, cause: 'files' | 'listener' = 'files') {

@@ -128,6 +128,24 @@ describe('a start-up step that fails', () => {
     }
   });
 
+  it('(a HOST that is no address) says so in one line naming HOST, not PORT', async () => {
+    // 999.1.1.1 is no IPv4 address, so it is looked up as a name, which does not resolve.
+    const err = await start({ HOST: '999.1.1.1' });
+    expect(err).toBeInstanceOf(StartupError);
+    expect((err as Error).message).toBe(
+      'HOST=999.1.1.1: not an address of this host, nor a name it resolves (999.1.1.1:0)',
+    );
+    await expectNothingOpen();
+  });
+
+  it('(an ADMIN_HOST not of this host) says so in one line naming ADMIN_HOST, not ADMIN_PORT', async () => {
+    // TEST-NET-1 (RFC 5737): never an address of this host.
+    const err = await start({ ADMIN_HOST: '192.0.2.1' });
+    expect(err).toBeInstanceOf(StartupError);
+    expect((err as Error).message).toBe('ADMIN_HOST=192.0.2.1: not an address of this host (192.0.2.1:0)');
+    await expectNothingOpen();
+  });
+
   it('and a start that succeeds leaves nothing open after stop()', async () => {
     expect(await start({})).toBe('started');
     await expectNothingOpen();
