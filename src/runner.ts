@@ -40,6 +40,8 @@ export interface GatewayOptions {
   /** Poll interval of the file watchers (tests shorten it). */
   readonly watchPollMs?: number;
   readonly metricsText?: () => Promise<string>;
+  /** Why the instance serves no public request although it runs (the node:cluster primary without a serving worker). */
+  readonly notServing?: () => string | undefined;
 }
 
 export interface Gateway {
@@ -136,6 +138,7 @@ async function start(parts: Parts): Promise<Gateway> {
             shuttingDown: () => shuttingDown,
             reload: () => reload('admin'),
             ...(options.metricsText ? { metricsText: options.metricsText } : {}),
+            ...(options.notServing ? { notServing: options.notServing } : {}),
             apiKeyHeader: settings.apiKeyHeader,
             credentialRoutes: settings.credentialRoutes,
           }),

@@ -45,6 +45,8 @@ export interface AdminDeps {
   readonly reload: () => Promise<ReloadResult>;
   /** Metrics text; with WORKERS>1 the primary aggregates its workers'. */
   readonly metricsText?: () => Promise<string>;
+  /** Why no public request is served although the process runs (WORKERS=n: no worker serves); /readyz says so. */
+  readonly notServing?: () => string | undefined;
   /** For `/openapi.json`: the API-key header and the routes whose body must be credentials. */
   readonly apiKeyHeader: string;
   readonly credentialRoutes?: ReadonlySet<string>;

@@ -18,6 +18,9 @@ export function statusApp(deps: AdminDeps): Hono {
   app.get('/readyz', async (c) => {
     if (deps.shuttingDown()) return c.json({ status: 'unavailable', reason: 'shutting down' }, 503);
     if (!deps.tables.current()) return c.json({ status: 'unavailable', reason: 'no valid limit table is loaded' }, 503);
+    // WORKERS=n: the primary's table and Redis say nothing of whether a worker serves the public port.
+    const notServing = deps.notServing?.();
+    if (notServing) return c.json({ status: 'unavailable', reason: notServing }, 503);
     // Issued keys never read are Redis being away too: the keys of the key file are still served,
     // and the issued ones answered 503 with Retry-After (README "API keys and plans").
     const problem = (await deps.keysReady())

@@ -79,7 +79,7 @@ function statusPaths(): Record<string, Json> {
             'Readiness',
           ),
           '503': json(
-            '`unavailable`: while shutting down, when no valid limit table is loaded, or while Redis is away in `closed` mode (in `registered` mode, issued keys never read yet count as Redis away).',
+            '`unavailable`: while shutting down, when no valid limit table is loaded, with `WORKERS` above 1 while no worker serves the public port, or while Redis is away in `closed` mode (in `registered` mode, issued keys never read yet count as Redis away).',
             'Readiness',
           ),
         },

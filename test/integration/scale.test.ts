@@ -5,6 +5,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { sha256Hex } from '../../src/lib/hash.js';
 import { startSandboxBridge } from '../../src/sandbox/bridge.js';
 import { ADMIN_TOKEN, authHeader, startGatewayPair, type GatewayPair, type TestGateway } from '../helpers/gateway.js';
 import { listeningLines, outputOf, waitForListening, type ChildOutput } from '../helpers/child-gateway.js';
@@ -88,45 +89,60 @@ describe('Redis round trips per request', () => {
   });
 });
 
+/** A `WORKERS=2` gateway process serving `dir`'s limits.yaml through one sandbox bridge. */
+interface WorkersProcess {
+  readonly child: ChildProcess;
+  readonly output: ChildOutput;
+  /** Both streams, for the messages the tests look for ("a worker cannot start" is on stderr). */
+  readonly log: () => string;
+  readonly exited: Promise<number | null>;
+}
+
+async function spawnWorkers(dir: string, label: string, env: Record<string, string> = {}): Promise<WorkersProcess> {
+  const eqt = await startSandboxBridge('eqt');
+  const child = spawn(process.execPath, [new URL('../../dist/main.js', import.meta.url).pathname], {
+    cwd: dir,
+    env: {
+      PATH: process.env.PATH,
+      WORKERS: '2',
+      PORT: '0',
+      HOST: '127.0.0.1',
+      ADMIN_PORT: '0',
+      ADMIN_TOKEN,
+      EQT_BRIDGE_URL: eqt.url,
+      FNO_BRIDGE_URL: eqt.url,
+      REDIS_URL: redis.url,
+      REDIS_KEY_PREFIX: uniquePrefix(label),
+      API_KEY_MODE: 'any',
+      ...env,
+    },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  const output = outputOf(child);
+  let log = '';
+  child.stdout?.on('data', (c: Buffer) => (log += c.toString()));
+  child.stderr?.on('data', (c: Buffer) => (log += c.toString()));
+  const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
+  exited.then(
+    () => eqt.close(),
+    () => eqt.close(),
+  );
+  return { child, output, log: () => log, exited };
+}
+
 describe('WORKERS=2', () => {
   let dir: string;
   let child: ChildProcess;
   let url: string;
   let adminUrl: string;
-  let log = '';
+  let log: () => string;
   let output: ChildOutput;
   let exited: Promise<number | null>;
 
   beforeAll(async () => {
     dir = mkdtempSync(join(tmpdir(), 'oapi-workers-'));
     writeFileSync(join(dir, 'limits.yaml'), LIMITS);
-    const eqt = await startSandboxBridge('eqt');
-    child = spawn(process.execPath, [new URL('../../dist/main.js', import.meta.url).pathname], {
-      cwd: dir,
-      env: {
-        PATH: process.env.PATH,
-        WORKERS: '2',
-        PORT: '0',
-        HOST: '127.0.0.1',
-        ADMIN_PORT: '0',
-        ADMIN_TOKEN,
-        EQT_BRIDGE_URL: eqt.url,
-        FNO_BRIDGE_URL: eqt.url,
-        REDIS_URL: redis.url,
-        REDIS_KEY_PREFIX: uniquePrefix('workers'),
-        API_KEY_MODE: 'any',
-      },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
-    output = outputOf(child);
-    // Both streams, for the messages the tests look for ("a worker cannot start" is on stderr).
-    child.stdout?.on('data', (c: Buffer) => (log += c.toString()));
-    child.stderr?.on('data', (c: Buffer) => (log += c.toString()));
-    exited = new Promise((resolve) => child.once('exit', (code) => resolve(code)));
-    exited.then(
-      () => eqt.close(),
-      () => eqt.close(),
-    );
+    ({ child, output, log, exited } = await spawnWorkers(dir, 'workers'));
     // Workers that listen on port 0 share one port, which the primary binds for the first of them
     // and holds while any of them listens (Node's cluster module).
     ({ url, adminUrl } = await waitForListening(child, output, { count: 3 }));
@@ -154,7 +170,7 @@ describe('WORKERS=2', () => {
     expect(replies.filter((r) => r.status === 429)).toHaveLength(19);
     await new Promise((r) => setTimeout(r, 100));
     const servedBy = new Set(
-      log
+      log()
         .split('\n')
         .filter((l) => l.includes('"msg":"request"'))
         .map((l) => (JSON.parse(l) as { pid: number }).pid),
@@ -176,7 +192,7 @@ describe('WORKERS=2', () => {
     const workerPid = listeningLines(output.stdout()).find((l) => l.public)?.pid;
     expect(workerPid).toBeTypeOf('number');
     process.kill(workerPid as number, 'SIGKILL');
-    const deathsSoFar = (): number => (log.match(/"msg":"worker died; starting another"/g) ?? []).length;
+    const deathsSoFar = (): number => (log().match(/"msg":"worker died; starting another"/g) ?? []).length;
     // The killed one, and at least one that could not start (a worker takes a while to start on a busy machine).
     const killedAt = Date.now();
     while (deathsSoFar() < 2 && Date.now() - killedAt < 8000) await new Promise((r) => setTimeout(r, 50));
@@ -187,7 +203,7 @@ describe('WORKERS=2', () => {
     // Restarts come 0 ms, then 500, 1000, 2000 ms … apart: within `elapsed` at most this many deaths
     // (a tight respawn loop would have dozens).
     expect(deaths).toBeLessThanOrEqual(2 + Math.ceil(Math.log2(1 + elapsed / 500)));
-    expect(log).toContain('a worker cannot start');
+    expect(log()).toContain('a worker cannot start');
     expect((await send(url, { path: '/orders/1', headers: { 'X-API-Key': 'still' }, agent: false })).status).toBe(200);
     writeFileSync(join(dir, 'limits.yaml'), LIMITS);
     const { lines } = await waitForListening(child, output, { count: 4 });
@@ -201,6 +217,67 @@ describe('WORKERS=2', () => {
     expect((await send(url, { path: '/orders/1', headers: { 'X-API-Key': 'bye' }, agent })).status).toBe(200);
     child.kill('SIGTERM');
     expect(await exited).toBe(0);
-    expect((log.match(/"msg":"gateway stopped"/g) ?? []).length).toBe(3);
+    expect((log().match(/"msg":"gateway stopped"/g) ?? []).length).toBe(3);
+  });
+});
+
+describe('WORKERS=2: the admin listener answers for the workers', () => {
+  let dir: string;
+  let gateway: WorkersProcess;
+  let url: string;
+  let adminUrl: string;
+  const keysFile = (...keys: string[]): string =>
+    `keys:\n${keys.map((key) => `  - id: ${key}\n    sha256: ${sha256Hex(key)}\n`).join('')}`;
+  const alive = (pid: number): boolean => {
+    try {
+      process.kill(pid, 0);
+      return true;
+    } catch {
+      return false;
+    }
+  };
+  const workerPids = (): number[] =>
+    listeningLines(gateway.output.stdout())
+      .filter((l) => l.public)
+      .map((l) => l.pid)
+      .filter(alive);
+
+  beforeAll(async () => {
+    dir = mkdtempSync(join(tmpdir(), 'oapi-workers-admin-'));
+    writeFileSync(join(dir, 'limits.yaml'), LIMITS);
+    writeFileSync(join(dir, 'keys.yaml'), keysFile('first'));
+    gateway = await spawnWorkers(dir, 'workers-admin', {
+      API_KEY_MODE: 'registered',
+      API_KEYS_FILE: join(dir, 'keys.yaml'),
+    });
+    ({ url, adminUrl } = await waitForListening(gateway.child, gateway.output, { count: 3 }));
+  });
+  afterAll(() => {
+    // A worker the tests stopped must run again to see its primary go.
+    for (const pid of workerPids()) process.kill(pid, 'SIGCONT');
+    if (gateway.child.exitCode === null) gateway.child.kill('SIGKILL');
+  });
+
+  it('/readyz says unavailable while no worker serves (regression: ok from the primary alone)', async () => {
+    const readiness = async () => (await send(adminUrl, { path: '/readyz' })).json<{ status: string }>();
+    expect(await readiness()).toEqual({ status: 'ok' });
+    expect((await send(url, { path: '/orders/1', headers: { 'X-API-Key': 'first' }, agent: false })).status).toBe(200);
+    const before = listeningLines(gateway.output.stdout()).length;
+    for (const pid of workerPids()) process.kill(pid, 'SIGKILL');
+    // Quick deaths are restarted 0.5 s and 1 s later: until then no worker serves.
+    const deadline = Date.now() + 3000;
+    let ready = await readiness();
+    while (ready.status === 'ok' && Date.now() < deadline) {
+      await new Promise((r) => setTimeout(r, 25));
+      ready = await readiness();
+    }
+    expect(ready).toEqual({ status: 'unavailable', reason: 'no worker serves the public port' });
+    const { lines } = await waitForListening(gateway.child, gateway.output, { count: before + 2 });
+    const again = Date.now() + 3000;
+    while ((await readiness()).status !== 'ok' && Date.now() < again) await new Promise((r) => setTimeout(r, 25));
+    expect(await readiness()).toEqual({ status: 'ok' });
+    // With PORT=0 the new workers listen on a port of their own (docs/performance.md).
+    const now = `http://${lines.at(-1)?.public}`;
+    expect((await send(now, { path: '/orders/1', headers: { 'X-API-Key': 'first' }, agent: false })).status).toBe(200);
   });
 });

@@ -1,3 +1,4 @@
+import { spawn, type ChildProcess } from 'node:child_process';
 import net from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { writeFileSync, mkdtempSync } from 'node:fs';
@@ -5,8 +6,9 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { loadSettings } from '../../src/config/settings.js';
 import { startGateway, StartupError } from '../../src/runner.js';
+import { outputOf } from '../helpers/child-gateway.js';
 import { SHIPPED_LIMITS } from '../helpers/gateway.js';
-import { redisClient, refusingPort, startRedisServer, type RedisProcess } from '../helpers/redis.js';
+import { redisClient, refusingPort, startRedisServer, uniquePrefix, type RedisProcess } from '../helpers/redis.js';
 
 /**
  * A start-up step that fails closes everything the steps before it opened (README "Running it"):
@@ -149,5 +151,64 @@ describe('a start-up step that fails', () => {
   it('and a start that succeeds leaves nothing open after stop()', async () => {
     expect(await start({})).toBe('started');
     await expectNothingOpen();
+  });
+});
+
+/** The exit code of a child once its output is all read, or 'still running' (and it is killed) after `ms`. */
+function exitOf(child: ChildProcess, ms: number): Promise<number | 'still running'> {
+  return new Promise((resolve) => {
+    const timer = setTimeout(() => {
+      // Its workers exit as their channel to it closes.
+      child.kill('SIGKILL');
+      resolve('still running');
+    }, ms);
+    child.once('close', (code) => {
+      clearTimeout(timer);
+      resolve(code ?? -1);
+    });
+  });
+}
+
+describe('WORKERS=2 with a public listener that cannot be had', () => {
+  // The workers listen on the public port, the primary on the admin one only: the failure is a
+  // worker's (regression: the primary restarted the workers for ever and /readyz said ok).
+  it.each([
+    ['the port in use', 'PORT'],
+    ['a HOST that is no address', 'HOST'],
+  ])('(%s) ends start-up with exit 1 and the one line naming %s, as one process does', async (_case, variable) => {
+    const blocker = net.createServer();
+    await new Promise<void>((resolve) => blocker.listen(0, '127.0.0.1', resolve));
+    const port = (blocker.address() as net.AddressInfo).port;
+    const limits = join(dir, 'workers-limits.yaml');
+    writeFileSync(limits, SHIPPED_LIMITS);
+    const host = variable === 'HOST' ? '999.1.1.1' : '127.0.0.1';
+    try {
+      const child = spawn(process.execPath, [new URL('../../dist/main.js', import.meta.url).pathname], {
+        cwd: dir,
+        env: {
+          PATH: process.env.PATH,
+          WORKERS: '2',
+          PORT: String(port),
+          HOST: host,
+          ADMIN_PORT: '0',
+          EQT_BRIDGE_URL: 'http://127.0.0.1:9',
+          FNO_BRIDGE_URL: 'http://127.0.0.1:9',
+          REDIS_URL: redis.url,
+          REDIS_KEY_PREFIX: uniquePrefix('workers-listen'),
+          LIMITS_FILE: limits,
+        },
+        stdio: ['ignore', 'pipe', 'pipe'],
+      });
+      const output = outputOf(child);
+      expect(await exitOf(child, 15_000)).toBe(1);
+      const line =
+        variable === 'HOST'
+          ? `HOST=999.1.1.1: not an address of this host, nor a name it resolves (999.1.1.1:${port})`
+          : `PORT=${port}: the port is already in use (127.0.0.1:${port})`;
+      // Both workers fail; the line is said once.
+      expect(output.stderr()).toBe(`oapi-gateway: ${line}\n`);
+    } finally {
+      blocker.close();
+    }
   });
 });
