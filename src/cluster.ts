@@ -1,24 +1,36 @@
 import cluster, { type Worker } from 'node:cluster';
 import { AggregatorRegistry } from 'prom-client';
+import type { AdminReloadResult } from './admin/app.js';
 import type { Settings } from './config/settings.js';
+import type { ReloadResult } from './config/table-holder.js';
+import { formatSourceError } from './lib/yaml-source.js';
 import { startGateway, StartupError, type Gateway } from './runner.js';
 
 /**
  * `WORKERS=n`: n gateway processes on one host (node:cluster), all serving the public port
  * and sharing their counters in Redis. The primary serves nothing public: it holds the one
  * admin listener (metrics aggregated over the workers), restarts a worker that dies, and
- * passes SIGHUP and shutdown on to the workers (docs/performance.md "`WORKERS=n`").
+ * passes SIGHUP, the admin reload and shutdown on to the workers (docs/performance.md "`WORKERS=n`").
  */
 
-/** From the primary: reload, or stop. */
-type ToWorker = { readonly type: 'oapi:reload' } | { readonly type: 'oapi:shutdown' };
+/** From the primary: a reload (with an `id`, the admin reload waits for the answer), or stop. */
+type ToWorker = { readonly type: 'oapi:reload'; readonly id?: number } | { readonly type: 'oapi:shutdown' };
 
-/** From a worker: it serves (and takes messages), or it cannot listen (its one line). */
-type ToPrimary = { readonly type: 'oapi:serving' } | { readonly type: 'oapi:cannot-listen'; readonly line: string };
+/** From a worker: it serves (and takes messages), it cannot listen (its one line), or a reload's result. */
+type ToPrimary =
+  | { readonly type: 'oapi:serving' }
+  | { readonly type: 'oapi:cannot-listen'; readonly line: string }
+  | { readonly type: 'oapi:reloaded'; readonly id: number; readonly result: WorkerReload };
+
+type WorkerReload =
+  | { readonly ok: true; readonly hash: string; readonly changed: boolean }
+  | { readonly ok: false; readonly errors: readonly string[] };
 
 /** A worker that lived this long died of something else than its start-up. */
 const WORKER_STEADY_MS = 30_000;
 const MAX_RESTART_DELAY_MS = 30_000;
+/** How long the admin reload waits for each worker's answer (a reload takes milliseconds). */
+const RELOAD_ANSWER_MS = 5_000;
 
 export async function runCluster(settings: Settings): Promise<void> {
   if (cluster.isPrimary) await runPrimary(settings);
@@ -111,6 +123,7 @@ function startPrimary(settings: Settings, serving: ReadonlySet<number>): Promise
     metricsText: () => aggregator.clusterMetrics(),
     // Ready only while a worker serves: the primary's own table and Redis say nothing of the public port.
     notServing: () => (serving.size === 0 ? 'no worker serves the public port' : undefined),
+    reloadElsewhere: (own) => reloadWorkers(own, serving),
   }).catch((err: unknown) => {
     if (err instanceof StartupError) {
       const text = err.reason === 'listener' ? err.message : `the gateway cannot start:\n${err.message}`;
@@ -121,13 +134,76 @@ function startPrimary(settings: Settings, serving: ReadonlySet<number>): Promise
   });
 }
 
+/**
+ * The admin reload with workers: the primary has loaded the table; each serving worker reloads
+ * (the table and the key file) and answers, so that the answer is the table in force where the
+ * requests are served (README "Running it"). Workers that do not reach the primary's table in
+ * RELOAD_ANSWER_MS make it a 503 naming them; a worker still starting reads the file as it starts.
+ */
+async function reloadWorkers(
+  own: Extract<ReloadResult, { ok: true }>,
+  serving: ReadonlySet<number>,
+): Promise<AdminReloadResult> {
+  const id = nextReloadId++;
+  const asked = [...serving].flatMap((workerId) => cluster.workers?.[workerId] ?? []);
+  const answers = await Promise.all(asked.map((worker) => reloadOf(worker, id)));
+  const problems = answers.flatMap((answer) => disagreement(answer, own.table.hash));
+  if (problems.length)
+    return {
+      ok: false,
+      unsettled: `not every worker has ${own.table.hash}: ${problems.join('; ')}. Each worker also reloads on its own when the file changes; try again`,
+    };
+  // `changed`: the reload put a new table in force in some process (a worker's watcher may have been first here).
+  const changed = own.changed || answers.some((a) => typeof a.result === 'object' && a.result.ok && a.result.changed);
+  return { ok: true, table: own.table, changed };
+}
+
+let nextReloadId = 1;
+
+interface WorkerAnswer {
+  readonly pid: number | undefined;
+  /** `gone`: the worker exited meanwhile (the one started in its place reads the file itself). */
+  readonly result: WorkerReload | 'no answer' | 'gone';
+}
+
+/** Asks one worker to reload, and waits (bounded) for its answer. */
+function reloadOf(worker: Worker, id: number): Promise<WorkerAnswer> {
+  return new Promise((resolve) => {
+    const done = (result: WorkerAnswer['result']): void => {
+      clearTimeout(timer);
+      worker.off('message', onMessage);
+      worker.off('exit', onExit);
+      resolve({ pid: worker.process.pid, result });
+    };
+    const onMessage = (message: ToPrimary): void => {
+      if (message?.type === 'oapi:reloaded' && message.id === id) done(message.result);
+    };
+    const onExit = (): void => done('gone');
+    const timer = setTimeout(() => done('no answer'), RELOAD_ANSWER_MS);
+    worker.on('message', onMessage);
+    worker.on('exit', onExit);
+    worker.send({ type: 'oapi:reload', id } satisfies ToWorker, (err) => {
+      if (err) done('gone');
+    });
+  });
+}
+
+/** Why a worker's answer is not the primary's table, if it is not. */
+function disagreement({ pid, result }: WorkerAnswer, hash: string): string[] {
+  if (result === 'gone') return [];
+  if (result === 'no answer') return [`worker ${pid} did not answer within ${RELOAD_ANSWER_MS / 1000} s`];
+  if (!result.ok) return [`worker ${pid} found the file not valid (${result.errors[0] ?? 'no error given'})`];
+  return result.hash === hash ? [] : [`worker ${pid} loaded ${result.hash}`];
+}
+
 async function runWorker(settings: Settings): Promise<void> {
   const worker = await startGateway({ settings, admin: false }).catch(failToStart);
   // Constructing one installs prom-client's listener that answers the primary's metric requests.
   new AggregatorRegistry();
   AggregatorRegistry.setRegistries([worker.metrics.registry]);
   process.on('message', (message: ToWorker) => {
-    if (message?.type === 'oapi:reload') void worker.reload('signal');
+    if (message?.type === 'oapi:reload' && message.id !== undefined) void answerReload(worker, message.id);
+    else if (message?.type === 'oapi:reload') void worker.reload('signal');
     else if (message?.type === 'oapi:shutdown') void worker.stop().then(() => process.exit(0));
   });
   // The primary decides when to stop and when to reload; a signal sent to the whole process group is left to it.
@@ -152,6 +228,17 @@ async function failToStart(err: unknown): Promise<never> {
     process.exit(1);
   }
   throw err;
+}
+
+async function answerReload(worker: Gateway, id: number): Promise<void> {
+  const result: WorkerReload = await worker.reload('admin').then(
+    (r): WorkerReload =>
+      r.ok
+        ? { ok: true, hash: r.table.hash, changed: r.changed }
+        : { ok: false, errors: r.errors.map(formatSourceError) },
+    (e: unknown): WorkerReload => ({ ok: false, errors: [(e as Error).message] }),
+  );
+  tell({ type: 'oapi:reloaded', id, result });
 }
 
 function tell(message: ToPrimary, sent: () => void = () => {}): void {

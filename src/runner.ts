@@ -1,6 +1,6 @@
 import { isAbsolute, relative } from 'node:path';
 import type { DestinationStream } from 'pino';
-import { createAdminApp } from './admin/app.js';
+import { createAdminApp, type AdminReloadResult } from './admin/app.js';
 import type { Settings } from './config/settings.js';
 import { TableHolder, type ReloadResult } from './config/table-holder.js';
 import type { KeyRegistry } from './keys/registry.js';
@@ -42,6 +42,8 @@ export interface GatewayOptions {
   readonly metricsText?: () => Promise<string>;
   /** Why the instance serves no public request although it runs (the node:cluster primary without a serving worker). */
   readonly notServing?: () => string | undefined;
+  /** The rest of an admin reload that took a table here (the node:cluster primary: its workers' reloads). */
+  readonly reloadElsewhere?: (own: Extract<ReloadResult, { ok: true }>) => Promise<AdminReloadResult>;
 }
 
 export interface Gateway {
@@ -136,7 +138,10 @@ async function start(parts: Parts): Promise<Gateway> {
             logger,
             storeProblem: async () => (await backend.problem()) ?? limiter.storeTrouble(),
             shuttingDown: () => shuttingDown,
-            reload: () => reload('admin'),
+            reload: async () => {
+              const own = await reload('admin');
+              return own.ok && options.reloadElsewhere ? options.reloadElsewhere(own) : own;
+            },
             ...(options.metricsText ? { metricsText: options.metricsText } : {}),
             ...(options.notServing ? { notServing: options.notServing } : {}),
             apiKeyHeader: settings.apiKeyHeader,

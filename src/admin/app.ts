@@ -25,6 +25,12 @@ import { usageApp } from './usage.js';
  * mapped to answers in one place: a store that does not answer is a 503, anything else a 500.
  */
 
+/**
+ * What the admin reload answers: the table holder's result, or (WORKERS=n) why the workers did not
+ * all reach the table the primary loaded (README "Running it").
+ */
+export type AdminReloadResult = ReloadResult | { readonly ok: false; readonly unsettled: string };
+
 export interface AdminDeps {
   readonly adminToken: string | undefined;
   readonly tables: TableHolder;
@@ -42,7 +48,7 @@ export interface AdminDeps {
   readonly storeProblem: () => Promise<string | undefined>;
   readonly shuttingDown: () => boolean;
   /** Reloads the limit table (and what depends on it); the admin endpoint and SIGHUP share it. */
-  readonly reload: () => Promise<ReloadResult>;
+  readonly reload: () => Promise<AdminReloadResult>;
   /** Metrics text; with WORKERS>1 the primary aggregates its workers'. */
   readonly metricsText?: () => Promise<string>;
   /** Why no public request is served although the process runs (WORKERS=n: no worker serves); /readyz says so. */

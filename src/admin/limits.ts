@@ -2,7 +2,7 @@ import { Hono } from 'hono';
 import { formatSourceError } from '../lib/yaml-source.js';
 import { limitsFor, type LimitTable } from '../limits/limit-table.js';
 import type { AdminDeps } from './app.js';
-import { withTable } from './common.js';
+import { refusal, withTable } from './common.js';
 
 /** `/admin/limits` (docs/operations.md "Changing limits while it serves"): the table in force, and a reload now. */
 export function limitsApp(deps: AdminDeps): Hono {
@@ -12,6 +12,8 @@ export function limitsApp(deps: AdminDeps): Hono {
 
   app.post('/reload', async (c) => {
     const result = await deps.reload();
+    // WORKERS=n: a worker did not answer, or has another table (the file changed meanwhile).
+    if (!result.ok && 'unsettled' in result) return refusal(c, 503, result.unsettled);
     if (!result.ok) {
       return c.json(
         {

@@ -152,6 +152,11 @@ function limitsPaths(): Record<string, Json> {
             'The file is not valid; the table in force stays. `errors` are the lines `npx oapi-gateway check` prints.',
             'ReloadRefused',
           ),
+          '503': errorAnswer(
+            'With `WORKERS` above 1: a worker did not answer within 5 s, or loaded another table (the file changed during the reload); each worker still reloads on its own when the file changes.',
+            503,
+            'not every worker has sha256:…: worker 4242 did not answer within 5 s. Each worker also reloads on its own when the file changes; try again',
+          ),
         }),
       ),
     },

@@ -258,6 +258,44 @@ describe('WORKERS=2: the admin listener answers for the workers', () => {
     if (gateway.child.exitCode === null) gateway.child.kill('SIGKILL');
   });
 
+  it('POST /admin/limits/reload answers once every worker has the new table and key file (regression: only the primary reloaded)', async () => {
+    writeFileSync(join(dir, 'limits.yaml'), LIMITS.replace('per_hour: 5,', 'per_hour: 7,'));
+    writeFileSync(join(dir, 'keys.yaml'), keysFile('first', 'second'));
+    // At once: the workers' own file watchers wait 150 ms for the writes to settle.
+    const reloaded = await send(adminUrl, { method: 'POST', path: '/admin/limits/reload', headers: authHeader() });
+    expect(reloaded.status).toBe(200);
+    const body = reloaded.json<{ hash: string; changed: boolean }>();
+    expect(body.changed).toBe(true);
+    const inForce = await send(adminUrl, { path: '/admin/limits', headers: authHeader() });
+    expect(body.hash).toBe(inForce.json<{ hash: string }>().hash);
+    // New connections go to both workers in turn.
+    const replies = await Promise.all(
+      Array.from({ length: 4 }, () => send(url, { path: '/orders', headers: { 'X-API-Key': 'second' }, agent: false })),
+    );
+    expect(replies.map((r) => [r.status, r.headers['x-ratelimit-limit-hour']])).toEqual(
+      Array.from({ length: 4 }, () => [200, '7']),
+    );
+  });
+
+  it('POST /admin/limits/reload answers 503 naming a worker that does not answer', async () => {
+    const [stopped] = workerPids();
+    process.kill(stopped as number, 'SIGSTOP');
+    try {
+      const reloaded = await send(adminUrl, { method: 'POST', path: '/admin/limits/reload', headers: authHeader() });
+      expect(reloaded.status).toBe(503);
+      const { error, message } = reloaded.json<{ error: string; message: string }>();
+      expect(error).toBe('Service Unavailable');
+      expect(message).toMatch(/^not every worker has sha256:[0-9a-f]{64}: /);
+      expect(message).toContain(`worker ${stopped} did not answer within 5 s`);
+    } finally {
+      process.kill(stopped as number, 'SIGCONT');
+    }
+    // Running again, it answers the next reload.
+    expect((await send(adminUrl, { method: 'POST', path: '/admin/limits/reload', headers: authHeader() })).status).toBe(
+      200,
+    );
+  });
+
   it('/readyz says unavailable while no worker serves (regression: ok from the primary alone)', async () => {
     const readiness = async () => (await send(adminUrl, { path: '/readyz' })).json<{ status: string }>();
     expect(await readiness()).toEqual({ status: 'ok' });
