@@ -117,7 +117,7 @@ async function start(parts: Parts): Promise<Gateway> {
   followEvents(backend, limiter, tables, keys, logger);
   const reload = async (trigger: 'signal' | 'admin' = 'admin'): Promise<ReloadResult> => {
     const result = await tables.reload(trigger);
-    if (result.ok) await keys.reloadKeyFile();
+    await keys.reloadKeyFile();
     return result;
   };
   let shuttingDown = false;

@@ -6,6 +6,7 @@ import { readKeyFile, type KeyFileLoad } from '../keys/key-file.js';
 import { KeyRegistry } from '../keys/registry.js';
 import { watchFile } from '../lib/file-watcher.js';
 import { formatSourceError } from '../lib/yaml-source.js';
+import type { LimitTable } from '../limits/limit-table.js';
 import type { Logger } from '../observability/logger.js';
 import type { Backend } from './backend.js';
 import type { Closers } from './closers.js';
@@ -19,7 +20,10 @@ import { StartupError } from './startup-error.js';
 export interface KeyAssembly {
   readonly registry: KeyRegistry;
   readonly guard: InvalidKeyGuard;
-  /** Reads the key file again (after a reload of the table, whose plans it names). */
+  /**
+   * Reads the key file again, against the plans of the table in force: SIGHUP and the admin endpoint
+   * reload both files (README), also when the table is refused. A new table re-reads it on its own.
+   */
   reloadKeyFile(): Promise<void>;
   /**
    * Whether this instance can tell valid keys: in `registered` mode only once it read the issued
@@ -41,7 +45,43 @@ export async function assembleKeys(
   const registry = new KeyRegistry(backend.issuedKeys, (err) =>
     logger.debug({ err: (err as Error).message }, 'issued keys could not be checked'),
   );
-  const fileName = options.displayName(settings.apiKeysFile);
+  const keyFile = keyFileLoads(settings, registry, tables, logger, options.displayName(settings.apiKeysFile));
+  await keyFile.first();
+  await registry
+    .refresh()
+    .catch((err: Error) => logger.warn({ err: err.message }, 'issued keys could not be loaded yet'));
+  const reloadKeyFile = keyFile.reload;
+
+  registry.startPolling(ISSUED_KEYS_POLL_MS);
+  // Keys that could not be read at start-up (docs/operations.md "Redis") are read as soon as Redis is back.
+  backend.onConnected(() => void registry.refresh().catch(() => {}));
+  closers.add('issued-key polling', () => registry.stop());
+  const watch = watchFile(settings.apiKeysFile, () => void reloadKeyFile(), {
+    ...(options.watchPollMs ? { pollMs: options.watchPollMs } : {}),
+  });
+  closers.add('key file watch', () => watch.close());
+
+  const ready = async (): Promise<boolean> =>
+    settings.apiKeyMode !== 'registered' ||
+    registry.loaded ||
+    registry.refresh().then(
+      () => true,
+      () => false,
+    );
+  return { registry, guard: invalidKeyGuard(settings, backend, logger), reloadKeyFile, ready };
+}
+
+/**
+ * The loads of the key file: against the plans of the table in force (README "API keys and plans").
+ * `first` stops start-up on a bad file; a later load that is refused leaves the keys in force.
+ */
+function keyFileLoads(
+  settings: Settings,
+  registry: KeyRegistry,
+  tables: TableHolder,
+  logger: Logger,
+  fileName: string,
+): { readonly first: () => Promise<void>; readonly reload: () => Promise<void> } {
   const read = async (): Promise<KeyFileLoad> =>
     existsSync(settings.apiKeysFile)
       ? readKeyFile(settings.apiKeysFile, fileName, new Set(tables.current()?.plans.keys() ?? []))
@@ -72,11 +112,13 @@ export async function assembleKeys(
     );
   };
 
-  const first = await read();
-  if (!first.ok) throw new StartupError(first.errors.map(formatSourceError).join('\n'));
-  apply(first, settings.apiKeyMode === 'registered');
+  const loadFirst = async (): Promise<void> => {
+    const result = await read();
+    if (!result.ok) throw new StartupError(result.errors.map(formatSourceError).join('\n'));
+    apply(result, settings.apiKeyMode === 'registered');
+  };
 
-  const reloadKeyFile = async (): Promise<void> => {
+  const load = async (): Promise<void> => {
     const result = await read();
     if (!result.ok) {
       refused = true;
@@ -85,27 +127,29 @@ export async function assembleKeys(
     }
     apply(result, true);
   };
-
-  await registry
-    .refresh()
-    .catch((err: Error) => logger.warn({ err: err.message }, 'issued keys could not be loaded yet'));
-  registry.startPolling(ISSUED_KEYS_POLL_MS);
-  // Keys that could not be read at start-up (docs/operations.md "Redis") are read as soon as Redis is back.
-  backend.onConnected(() => void registry.refresh().catch(() => {}));
-  closers.add('issued-key polling', () => registry.stop());
-  const watch = watchFile(settings.apiKeysFile, () => void reloadKeyFile(), {
-    ...(options.watchPollMs ? { pollMs: options.watchPollMs } : {}),
+  // Loads never overlap, so an older read never replaces a newer one (the watcher, SIGHUP and a new table may meet).
+  let loading: Promise<unknown> = Promise.resolve();
+  const queued = (step: () => Promise<void>): Promise<void> => {
+    const run = loading.then(step);
+    loading = run.catch(() => undefined);
+    return run;
+  };
+  const reload = (): Promise<void> => queued(load);
+  tables.onChange((table, previous) => {
+    if (refused || !samePlans(table, previous)) void reload();
   });
-  closers.add('key file watch', () => watch.close());
+  return { first: () => queued(loadFirst), reload };
+}
 
-  const ready = async (): Promise<boolean> =>
-    settings.apiKeyMode !== 'registered' ||
-    registry.loaded ||
-    registry.refresh().then(
-      () => true,
-      () => false,
-    );
-  return { registry, guard: invalidKeyGuard(settings, backend, logger), reloadKeyFile, ready };
+/**
+ * Whether two tables name the same plans. The key file is valid only against the plans of the table in
+ * force (README "API keys and plans"): a file refused for a plan the table lacked is read again when a
+ * table brings the plan, rather than waiting for its next edit or a SIGHUP.
+ */
+function samePlans(table: LimitTable, previous: LimitTable | undefined): boolean {
+  if (!previous || previous.plans.size !== table.plans.size) return false;
+  for (const plan of table.plans.keys()) if (!previous.plans.has(plan)) return false;
+  return true;
 }
 
 function invalidKeyGuard(settings: Settings, backend: Backend, logger: Logger): InvalidKeyGuard {

@@ -294,6 +294,65 @@ describe('the default key file', () => {
   });
 });
 
+describe('the key file and the plans of the table in force', () => {
+  const GOLD_KEY = 'gold-plan-key-0123456789';
+  const goldFile = `keys:\n  - id: gold-client\n    sha256: ${sha(GOLD_KEY)}\n    plan: gold\n`;
+  let gw: TestGateway;
+  let dir: string;
+  let keysPath: string;
+  beforeAll(async () => {
+    dir = mkdtempSync(join(tmpdir(), 'oapi-keys-plans-'));
+    keysPath = join(dir, 'api-keys.yaml');
+    writeFileSync(keysPath, 'keys: []\n');
+    // Its deliberate 401s are no guesses to block.
+    const env = { API_KEY_MODE: 'registered', API_KEYS_FILE: keysPath, INVALID_KEY_MAX_ATTEMPTS: '10000' };
+    gw = await startTestGateway({ limits: LIMITS, dir, env });
+  });
+  afterAll(async () => {
+    await gw.stop();
+    rmSync(dir, { recursive: true, force: true });
+  });
+  const until = async (done: () => boolean | Promise<boolean>, ms: number): Promise<void> => {
+    const deadline = Date.now() + ms;
+    while (!(await done()) && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+  };
+
+  it('reads a key file refused for an unknown plan again when a new table brings the plan (regression: 401 until the key file changed again)', async () => {
+    const refusedGold = () =>
+      gw.logs.some((l) => l.msg === 'key file refused; the keys in force stay' && String(l.errors).includes('"gold"'));
+    writeFileSync(keysPath, goldFile);
+    await until(refusedGold, 5000);
+    expect(refusedGold()).toBe(true);
+    expect((await call(gw, GOLD_KEY)).status).toBe(401);
+
+    // A second later, so the key file's own watcher has long been quiet: only the new table can bring the key in.
+    await new Promise((r) => setTimeout(r, 1000));
+    writeFileSync(gw.limitsPath, `${LIMITS}  gold: { scale: 2 }\n`);
+    await until(() => gw.logs.some((l) => l.msg === 'limit table loaded' && l.trigger === 'file'), 5000);
+    let reply = await call(gw, GOLD_KEY);
+    const deadline = Date.now() + 3000;
+    while (reply.status !== 200 && Date.now() < deadline) {
+      await new Promise((r) => setTimeout(r, 50));
+      reply = await call(gw, GOLD_KEY);
+    }
+    expect(reply.status).toBe(200);
+    expect(reply.headers['x-ratelimit-limit-hour']).toBe('8');
+  });
+
+  it('reads the key file on SIGHUP also when the table is refused (regression: the refused table skipped it)', async () => {
+    const later = 'sighup-key-0123456789';
+    writeFileSync(gw.limitsPath, 'limits: [\n');
+    writeFileSync(keysPath, `${goldFile}  - id: sighup-client\n    sha256: ${sha(later)}\n`);
+    const writtenAt = Date.now();
+    const result = await gw.gateway.reload('signal');
+    expect(result.ok).toBe(false);
+    // The key file's watcher waits 150 ms after a write: a key known sooner came with the signal.
+    expect(gw.gateway.registry.lookup(sha(later))?.id).toBe('sighup-client');
+    expect(Date.now() - writtenAt).toBeLessThan(150);
+    expect((await call(gw, GOLD_KEY)).headers['x-ratelimit-limit-hour']).toBe('8');
+  });
+});
+
 describe('API_KEY_MODE=any', () => {
   it('lets every non-empty key be its own bucket, and still applies an issued key its plan', async () => {
     const gw = await startTestGateway({ limits: LIMITS, env: { API_KEY_MODE: 'any' } });
