@@ -53,7 +53,16 @@ const keyFile = (plans: ReadonlySet<string>) => {
   return v.nullish(file, { keys: [] });
 };
 
-export async function readKeyFile(path: string, displayName: string, plans: ReadonlySet<string>): Promise<KeyFileLoad> {
+/**
+ * `issuedIds`: the ids of the keys issued through the admin API that this instance knows. Ids are unique
+ * across both ways of issuing (README "API keys and plans"), so an entry that takes one is refused.
+ */
+export async function readKeyFile(
+  path: string,
+  displayName: string,
+  plans: ReadonlySet<string>,
+  issuedIds: ReadonlySet<string> = new Set(),
+): Promise<KeyFileLoad> {
   let text: string;
   try {
     text = await readFile(path, 'utf8');
@@ -61,16 +70,21 @@ export async function readKeyFile(path: string, displayName: string, plans: Read
     const reason = (err as NodeJS.ErrnoException).code === 'ENOENT' ? 'file not found' : 'file cannot be read';
     return { ok: false, errors: [{ file: displayName, line: 1, column: 1, message: reason }] };
   }
-  return parseKeyFile(text, displayName, plans);
+  return parseKeyFile(text, displayName, plans, issuedIds);
 }
 
-export function parseKeyFile(text: string, file: string, plans: ReadonlySet<string>): KeyFileLoad {
+export function parseKeyFile(
+  text: string,
+  file: string,
+  plans: ReadonlySet<string>,
+  issuedIds: ReadonlySet<string> = new Set(),
+): KeyFileLoad {
   const { source, errors } = YamlSource.parse(file, text);
   if (errors.length > 0) return { ok: false, errors };
   const result = v.safeParse(keyFile(plans), source.data);
   const issues = issuesOf(result.issues);
   const keys = result.typed ? result.output.keys : [];
-  issues.push(...duplicates(keys));
+  issues.push(...duplicates(keys), ...issuedElsewhere(keys, issuedIds));
   if (issues.length > 0) {
     // An issue in an entry names the entry by its number and id.
     const entries = (source.data as { keys: Array<{ id?: unknown }> } | null)?.keys;
@@ -107,4 +121,16 @@ function duplicates(keys: ReadonlyArray<{ id: string; sha256: string }>): Issue[
     if (SHA256_HEX.test(sha256)) once(sha256.toLowerCase(), ['keys', i, 'sha256'], 'this sha256 is already used');
   });
   return issues;
+}
+
+/**
+ * An id issued through the admin API is that key's: a file entry with it would make the id name two
+ * keys, and DELETE /admin/keys/{id} could not tell which one to revoke (README "API keys and plans").
+ */
+function issuedElsewhere(keys: ReadonlyArray<{ id: string }>, issuedIds: ReadonlySet<string>): Issue[] {
+  return keys.flatMap(({ id }, i) =>
+    issuedIds.has(id)
+      ? [{ path: ['keys', i, 'id'], message: `id "${id}" is taken by a key issued through the admin API` }]
+      : [],
+  );
 }

@@ -120,11 +120,19 @@ export class KeyRegistry {
     return pending;
   }
 
-  /** The issued key with this id, if known here. */
+  /**
+   * The issued key with this id, if known here. Should an id name a key of each kind (a key file loaded
+   * while the issued keys could not be read), the one issued through the admin API, as for revoke().
+   */
   byId(id: string): KeyRecord | undefined {
-    for (const record of this.#fileKeys.values()) if (record.id === id) return record;
     for (const record of this.#issued.values()) if (record.id === id) return record;
+    for (const record of this.#fileKeys.values()) if (record.id === id) return record;
     return undefined;
+  }
+
+  /** The ids of the keys issued through the admin API known here (the key file may not take them). */
+  issuedIds(): Set<string> {
+    return new Set([...this.#issued.values()].map((k) => k.id));
   }
 
   list(): KeyRecord[] {
@@ -181,10 +189,16 @@ export class KeyRegistry {
     return { created: true, key, record };
   }
 
+  /**
+   * Revokes the key issued through the admin API with this id. The store is asked first, whatever the
+   * key file holds: a key file read while the issued keys could not be may name an issued id too, and
+   * an issued key must always be revocable (README "API keys and plans"). Only an id that no issued
+   * key has and the key file has is the file's to remove.
+   */
   async revoke(id: string): Promise<RevokeResult> {
-    if ([...this.#fileKeys.values()].some((k) => k.id === id)) return 'in-key-file';
     const removed = await this.#store.remove(id);
     for (const [hash, record] of this.#issued) if (record.id === id) this.#issued.delete(hash);
-    return removed ? 'revoked' : 'not-found';
+    if (removed) return 'revoked';
+    return [...this.#fileKeys.values()].some((k) => k.id === id) ? 'in-key-file' : 'not-found';
   }
 }

@@ -46,10 +46,12 @@ export async function assembleKeys(
     logger.debug({ err: (err as Error).message }, 'issued keys could not be checked'),
   );
   const keyFile = keyFileLoads(settings, registry, tables, logger, options.displayName(settings.apiKeysFile));
-  await keyFile.first();
+  // The issued keys first: the key file may not take their ids (when they cannot be read yet, revoke()
+  // still reaches an issued key whose id the file takes).
   await registry
     .refresh()
     .catch((err: Error) => logger.warn({ err: err.message }, 'issued keys could not be loaded yet'));
+  await keyFile.first();
   const reloadKeyFile = keyFile.reload;
 
   registry.startPolling(ISSUED_KEYS_POLL_MS);
@@ -72,8 +74,9 @@ export async function assembleKeys(
 }
 
 /**
- * The loads of the key file: against the plans of the table in force (README "API keys and plans").
- * `first` stops start-up on a bad file; a later load that is refused leaves the keys in force.
+ * The loads of the key file: against the plans of the table in force and the ids issued through the
+ * admin API (README "API keys and plans"). `first` stops start-up on a bad file; a later load that is
+ * refused leaves the keys in force.
  */
 function keyFileLoads(
   settings: Settings,
@@ -84,7 +87,7 @@ function keyFileLoads(
 ): { readonly first: () => Promise<void>; readonly reload: () => Promise<void> } {
   const read = async (): Promise<KeyFileLoad> =>
     existsSync(settings.apiKeysFile)
-      ? readKeyFile(settings.apiKeysFile, fileName, new Set(tables.current()?.plans.keys() ?? []))
+      ? readKeyFile(settings.apiKeysFile, fileName, new Set(tables.current()?.plans.keys() ?? []), registry.issuedIds())
       : { ok: true, keys: [] };
   // What was loaded last: a write that changes nothing (the watcher may see one write twice) says nothing.
   let loadedKeys: string | undefined;

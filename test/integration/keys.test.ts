@@ -353,6 +353,48 @@ describe('the key file and the plans of the table in force', () => {
   });
 });
 
+describe('a key file entry with the id of a key issued through the admin API', () => {
+  it('is refused with its line, and the issued key stays revocable at once (regression: it loaded, and DELETE answered 409)', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'oapi-keys-taken-'));
+    const keysPath = join(dir, 'api-keys.yaml');
+    writeFileSync(keysPath, keyFile());
+    const env = { API_KEY_MODE: 'registered', API_KEYS_FILE: keysPath, INVALID_KEY_MAX_ATTEMPTS: '10000' };
+    const gw = await startTestGateway({ limits: LIMITS, dir, env });
+    try {
+      const { key } = (await issue(gw, 'acme')).json<{ key: string }>();
+      const other = 'file-acme-key-0123456789';
+      writeFileSync(keysPath, keyFile(`  - id: acme\n    sha256: ${sha(other)}\n`));
+      const refused = () => gw.logs.find((l) => l.msg === 'key file refused; the keys in force stay');
+      const deadline = Date.now() + 5000;
+      while (!refused() && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+      expect(refused()?.errors).toEqual([
+        `${keysPath}:7:9: row 3 (acme): id "acme" is taken by a key issued through the admin API`,
+      ]);
+      expect((await call(gw, other)).status).toBe(401);
+      const { keys } = (await send(gw.adminUrl, { path: '/admin/keys', headers: authHeader() })).json<{
+        keys: Array<{ id: string; source: string }>;
+      }>();
+      expect(keys.filter((k) => k.id === 'acme')).toEqual([expect.objectContaining({ source: 'admin-api' })]);
+      expect((await call(gw, key)).status).toBe(200);
+      // An instance started on that file refuses it as it refuses any bad key file.
+      const second = await startTestGateway({ limits: LIMITS, dir, env, prefix: gw.prefix, bridges: gw }).then(
+        async (started) => {
+          await started.stop();
+          return 'started';
+        },
+        (err: Error) => err.message,
+      );
+      expect(second).toContain('row 3 (acme): id "acme" is taken by a key issued through the admin API');
+      const revoked = await send(gw.adminUrl, { method: 'DELETE', path: '/admin/keys/acme', headers: authHeader() });
+      expect(revoked.status).toBe(204);
+      expect((await call(gw, key)).status).toBe(401);
+    } finally {
+      await gw.stop();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
+
 describe('API_KEY_MODE=any', () => {
   it('lets every non-empty key be its own bucket, and still applies an issued key its plan', async () => {
     const gw = await startTestGateway({ limits: LIMITS, env: { API_KEY_MODE: 'any' } });

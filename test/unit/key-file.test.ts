@@ -55,6 +55,16 @@ describe('the key file', () => {
     expect(errors(`keys:\n  - id: acme\n    sha256: ${A}\n  - id: beta\n    sha256: ${A.toUpperCase()}\n`)).toEqual([
       'api-keys.yaml:5:13: row 2 (beta): this sha256 is already used by entry 1',
     ]);
+    // Ids are unique across the key file and the admin API.
+    const issued = parseKeyFile(
+      `keys:\n  - id: beta\n    sha256: ${B}\n  - id: acme\n    sha256: ${A}\n`,
+      'api-keys.yaml',
+      plans,
+      new Set(['acme']),
+    );
+    expect(issued.ok ? [] : issued.errors.map(formatSourceError)).toEqual([
+      'api-keys.yaml:4:9: row 2 (acme): id "acme" is taken by a key issued through the admin API',
+    ]);
     expect(errors(`keys:\n  - id: acme\n    key: secret\n`)).toEqual([
       'api-keys.yaml:2:5: row 1 (acme): missing "sha256"',
       'api-keys.yaml:3:5: row 1 (acme): unknown key "key" (expected one of id, sha256, plan)',
