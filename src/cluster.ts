@@ -126,7 +126,7 @@ function startPrimary(settings: Settings, serving: ReadonlySet<number>): Promise
     reloadElsewhere: (own) => reloadWorkers(own, serving),
   }).catch((err: unknown) => {
     if (err instanceof StartupError) {
-      const text = err.reason === 'listener' ? err.message : `the gateway cannot start:\n${err.message}`;
+      const text = err.reason !== 'files' ? err.message : `the gateway cannot start:\n${err.message}`;
       process.stderr.write(`oapi-gateway: ${text}\n`);
       process.exit(1);
     }

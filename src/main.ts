@@ -25,9 +25,9 @@ export async function main(): Promise<void> {
     return;
   }
   const gateway = await startGateway({ settings }).catch((err: unknown) => {
-    // A port that cannot be had is one line naming its setting; a table's errors come under a heading.
+    // A setting that names what cannot be had is one line naming it; a table's errors come under a heading.
     if (err instanceof StartupError)
-      fail(err.reason === 'listener' ? err.message : `the gateway cannot start:\n${err.message}`);
+      fail(err.reason !== 'files' ? err.message : `the gateway cannot start:\n${err.message}`);
     throw err;
   });
   process.on('SIGHUP', () => void gateway.reload('signal'));

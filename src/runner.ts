@@ -1,3 +1,4 @@
+import { access, constants } from 'node:fs/promises';
 import { isAbsolute, relative } from 'node:path';
 import type { DestinationStream } from 'pino';
 import { createAdminApp, type AdminReloadResult } from './admin/app.js';
@@ -188,6 +189,12 @@ async function loadTables(parts: Parts): Promise<TableHolder> {
     logger,
     metrics,
   });
+  // A file that cannot be read is a wrong LIMITS_FILE: one line naming it (README "Running it").
+  const unreadable = await access(settings.limitsFile, constants.R_OK).then(
+    () => undefined,
+    (err: NodeJS.ErrnoException) => (err.code === 'ENOENT' ? 'file not found' : 'file cannot be read'),
+  );
+  if (unreadable) throw new StartupError(`LIMITS_FILE=${displayName(settings.limitsFile)}: ${unreadable}`, 'setting');
   const first = await tables.reload('start');
   if (!first.ok) throw new StartupError(first.errors.map(formatSourceError).join('\n'));
   tables.watch(options.watchPollMs);

@@ -88,6 +88,15 @@ describe('a start-up step that fails', () => {
     await expectNothingOpen();
   });
 
+  it('(a LIMITS_FILE that does not exist) says so in one line naming LIMITS_FILE', async () => {
+    const missing = join(dir, 'no-such-limits.yaml');
+    const err = await start({ LIMITS_FILE: missing });
+    expect(err).toBeInstanceOf(StartupError);
+    expect((err as StartupError).reason).toBe('setting');
+    expect((err as Error).message).toBe(`LIMITS_FILE=${missing}: file not found`);
+    await expectNothingOpen();
+  });
+
   it('(an invalid key file) closes the Redis connections and the table watch', async () => {
     const keys = join(dir, 'bad-keys.yaml');
     writeFileSync(keys, 'keys:\n  - id: x\n    sha256: nope\n');
@@ -130,13 +139,12 @@ describe('a start-up step that fails', () => {
     }
   });
 
-  it('(a HOST that is no address) says so in one line naming HOST, not PORT', async () => {
-    // 999.1.1.1 is no IPv4 address, so it is looked up as a name, which does not resolve.
-    const err = await start({ HOST: '999.1.1.1' });
+  it('(a HOST that is no address of this host) says so in one line naming HOST, not PORT', async () => {
+    // TEST-NET-1 (RFC 5737): never an address of this host, and refused without a packet sent
+    // (a name that does not resolve would be asked of the resolver, off this host).
+    const err = await start({ HOST: '192.0.2.1' });
     expect(err).toBeInstanceOf(StartupError);
-    expect((err as Error).message).toBe(
-      'HOST=999.1.1.1: not an address of this host, nor a name it resolves (999.1.1.1:0)',
-    );
+    expect((err as Error).message).toBe('HOST=192.0.2.1: not an address of this host (192.0.2.1:0)');
     await expectNothingOpen();
   });
 
@@ -174,14 +182,14 @@ describe('WORKERS=2 with a public listener that cannot be had', () => {
   // worker's (regression: the primary restarted the workers for ever and /readyz said ok).
   it.each([
     ['the port in use', 'PORT'],
-    ['a HOST that is no address', 'HOST'],
+    ['a HOST that is no address of this host', 'HOST'],
   ])('(%s) ends start-up with exit 1 and the one line naming %s, as one process does', async (_case, variable) => {
     const blocker = net.createServer();
     await new Promise<void>((resolve) => blocker.listen(0, '127.0.0.1', resolve));
     const port = (blocker.address() as net.AddressInfo).port;
     const limits = join(dir, 'workers-limits.yaml');
     writeFileSync(limits, SHIPPED_LIMITS);
-    const host = variable === 'HOST' ? '999.1.1.1' : '127.0.0.1';
+    const host = variable === 'HOST' ? '192.0.2.1' : '127.0.0.1';
     try {
       const child = spawn(process.execPath, [new URL('../../dist/main.js', import.meta.url).pathname], {
         cwd: dir,
@@ -203,7 +211,7 @@ describe('WORKERS=2 with a public listener that cannot be had', () => {
       expect(await exitOf(child, 15_000)).toBe(1);
       const line =
         variable === 'HOST'
-          ? `HOST=999.1.1.1: not an address of this host, nor a name it resolves (999.1.1.1:${port})`
+          ? `HOST=192.0.2.1: not an address of this host (192.0.2.1:${port})`
           : `PORT=${port}: the port is already in use (127.0.0.1:${port})`;
       // Both workers fail; the line is said once.
       expect(output.stderr()).toBe(`oapi-gateway: ${line}\n`);
