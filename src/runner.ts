@@ -117,8 +117,10 @@ async function start(parts: Parts): Promise<Gateway> {
   });
   followEvents(backend, limiter, tables, keys, logger);
   const reload = async (trigger: 'signal' | 'admin' = 'admin'): Promise<ReloadResult> => {
+    const since = keys.keyFileClock();
     const result = await tables.reload(trigger);
-    await keys.reloadKeyFile();
+    // A new table that changed the plans has read the key file already: once is enough.
+    await keys.reloadKeyFile(since);
     return result;
   };
   let shuttingDown = false;

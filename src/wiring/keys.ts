@@ -24,7 +24,9 @@ export interface KeyAssembly {
    * Reads the key file again, against the plans of the table in force: SIGHUP and the admin endpoint
    * reload both files (README), also when the table is refused. A new table re-reads it on its own.
    */
-  reloadKeyFile(): Promise<void>;
+  reloadKeyFile(since?: number): Promise<void>;
+  /** Now, for `reloadKeyFile(since)`: a read of the key file begun after it is as good as a new one. */
+  keyFileClock(): number;
   /**
    * Whether this instance can tell valid keys: in `registered` mode only once it read the issued
    * keys (it tries again now if it has not yet).
@@ -70,7 +72,13 @@ export async function assembleKeys(
       () => true,
       () => false,
     );
-  return { registry, guard: invalidKeyGuard(settings, backend, logger), reloadKeyFile, ready };
+  return {
+    registry,
+    guard: invalidKeyGuard(settings, backend, logger),
+    reloadKeyFile,
+    keyFileClock: keyFile.clock,
+    ready,
+  };
 }
 
 /**
@@ -84,7 +92,11 @@ function keyFileLoads(
   tables: TableHolder,
   logger: Logger,
   fileName: string,
-): { readonly first: () => Promise<void>; readonly reload: () => Promise<void> } {
+): {
+  readonly first: () => Promise<void>;
+  readonly reload: (since?: number) => Promise<void>;
+  readonly clock: () => number;
+} {
   const read = async (): Promise<KeyFileLoad> =>
     existsSync(settings.apiKeysFile)
       ? readKeyFile(settings.apiKeysFile, fileName, new Set(tables.current()?.plans.keys() ?? []), registry.issuedIds())
@@ -130,18 +142,52 @@ function keyFileLoads(
     }
     apply(result, true);
   };
-  // Loads never overlap, so an older read never replaces a newer one (the watcher, SIGHUP and a new table may meet).
-  let loading: Promise<unknown> = Promise.resolve();
-  const queued = (step: () => Promise<void>): Promise<void> => {
-    const run = loading.then(step);
-    loading = run.catch(() => undefined);
-    return run;
-  };
-  const reload = (): Promise<void> => queued(load);
+  const runs = serialRuns();
+  const reload = (since?: number): Promise<void> => runs.again(load, since);
   tables.onChange((table, previous) => {
     if (refused || !samePlans(table, previous)) void reload();
   });
-  return { first: () => queued(loadFirst), reload };
+  return { first: () => runs.run(loadFirst), reload, clock: runs.clock };
+}
+
+interface SerialRuns {
+  /** Runs `step` once the runs before it are done. */
+  readonly run: (step: () => Promise<void>) => Promise<void>;
+  /** Runs `step` once more, unless a run queued and not begun yet, or one begun after `since`, will do. */
+  readonly again: (step: () => Promise<void>, since?: number) => Promise<void>;
+  /** The number of runs begun: a `since` for `again`. */
+  readonly clock: () => number;
+}
+
+/**
+ * Loads of the key file one at a time, so that an older read never replaces a newer one (the
+ * watcher, SIGHUP and a new table may meet). A load queued and not begun reads after every request
+ * made meanwhile, so they share it; one begun after `since` is as good (a new table may have read
+ * the file during a SIGHUP's reload, which then need not read it again).
+ */
+function serialRuns(): SerialRuns {
+  let done: Promise<unknown> = Promise.resolve();
+  let begun = 0;
+  let begunAt = 0;
+  let waiting: Promise<void> | undefined;
+  let latest: Promise<void> = Promise.resolve();
+  const run = (step: () => Promise<void>): Promise<void> => {
+    const next = done.then(() => {
+      begunAt = ++begun;
+      return step();
+    });
+    done = next.catch(() => undefined);
+    return next;
+  };
+  const again = (step: () => Promise<void>, since?: number): Promise<void> => {
+    if (since !== undefined && begunAt > since) return latest;
+    waiting ??= latest = run(() => {
+      waiting = undefined;
+      return step();
+    });
+    return waiting;
+  };
+  return { run, again, clock: () => begun };
 }
 
 /**

@@ -24,6 +24,7 @@ describe('isJsonMediaType', () => {
     'application/json; boundary=x',
     'application/json; charset=utf-8; charset=latin1',
     'application/json; charset=',
+    'application/json; charset=""',
     'application/json; charset=utf 8',
   ])('refuses %s', (t) => {
     expect(isJsonMediaType(t)).toBe(false);

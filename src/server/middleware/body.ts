@@ -63,7 +63,7 @@ export function isJsonMediaType(value: string | undefined): boolean {
   const [type, ...params] = value.split(';').map((p) => p.trim());
   if (type?.toLowerCase() !== 'application/json') return false;
   return (
-    params.length <= 1 && params.every((param) => /^charset\s*=\s*(?:[\w!#$%&'*+.^`|~-]+|"[^"\\]*")$/i.test(param))
+    params.length <= 1 && params.every((param) => /^charset\s*=\s*(?:[\w!#$%&'*+.^`|~-]+|"[^"\\]+")$/i.test(param))
   );
 }
 
