@@ -8,7 +8,8 @@ import { basename, dirname } from 'node:path';
  * symlink to a directory that is replaced atomically). The directory is watched, since a
  * rename replaces the file's inode, and the file is also polled (`stat` follows symlinks)
  * for file systems where watching is unreliable. Callers compare contents; a spurious call
- * costs one read.
+ * costs one read. It is also called once as the watch starts: a change between the caller's
+ * first read and the watch would otherwise go unseen until the next one.
  */
 
 export interface FileWatch {
@@ -41,7 +42,6 @@ export function watchFile(
       return 'missing';
     }
   };
-  void signature().then((s) => (lastSignature = s));
 
   let watcher: FSWatcher | undefined;
   try {
@@ -64,9 +64,20 @@ export function watchFile(
   }, pollMs);
   poller.unref();
 
+  // The look as the watch starts. The poll's baseline is taken with it: one taken earlier could
+  // predate what the look reads (a file written and removed again between two polls).
+  const firstLook = setTimeout(() => {
+    void signature().then((s) => {
+      lastSignature = s;
+      if (!closed) onChange();
+    });
+  }, debounceMs);
+  firstLook.unref();
+
   return {
     close(): void {
       closed = true;
+      clearTimeout(firstLook);
       clearTimeout(debounce);
       clearInterval(poller);
       watcher?.close();
