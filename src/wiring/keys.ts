@@ -60,7 +60,7 @@ export async function assembleKeys(
   // Keys that could not be read at start-up (docs/operations.md "Redis") are read as soon as Redis is back.
   backend.onConnected(() => void registry.refresh().catch(() => {}));
   closers.add('issued-key polling', () => registry.stop());
-  const watch = watchFile(settings.apiKeysFile, () => void reloadKeyFile(), {
+  const watch = watchFile(settings.apiKeysFile, () => void keyFile.watched(), {
     ...(options.watchPollMs ? { pollMs: options.watchPollMs } : {}),
   });
   closers.add('key file watch', () => watch.close());
@@ -95,6 +95,8 @@ function keyFileLoads(
 ): {
   readonly first: () => Promise<void>;
   readonly reload: (since?: number) => Promise<void>;
+  /** The watcher's: a refusal it finds again is not told again. */
+  readonly watched: () => Promise<void>;
   readonly clock: () => number;
 } {
   const read = async (): Promise<KeyFileLoad> =>
@@ -133,21 +135,34 @@ function keyFileLoads(
     apply(result, settings.apiKeyMode === 'registered');
   };
 
+  // The watcher may see one write twice (its event and its poll): a refusal of the content refused
+  // last says nothing new then, as for the table. A SIGHUP, the admin reload or a new table says it again.
+  let refusedErrors: string | undefined;
+  let loud = false;
   const load = async (): Promise<void> => {
+    const sayRefusal = loud;
+    loud = false;
     const result = await read();
     if (!result.ok) {
       refused = true;
-      logger.error({ errors: result.errors.map(formatSourceError) }, 'key file refused; the keys in force stay');
+      const errors = result.errors.map(formatSourceError);
+      if (sayRefusal || errors.join('\n') !== refusedErrors)
+        logger.error({ errors }, 'key file refused; the keys in force stay');
+      refusedErrors = errors.join('\n');
       return;
     }
+    refusedErrors = undefined;
     apply(result, true);
   };
   const runs = serialRuns();
-  const reload = (since?: number): Promise<void> => runs.again(load, since);
+  const reload = (since?: number): Promise<void> => {
+    loud = true;
+    return runs.again(load, since);
+  };
   tables.onChange((table, previous) => {
     if (refused || !samePlans(table, previous)) void reload();
   });
-  return { first: () => runs.run(loadFirst), reload, clock: runs.clock };
+  return { first: () => runs.run(loadFirst), reload, watched: () => runs.again(load), clock: runs.clock };
 }
 
 interface SerialRuns {

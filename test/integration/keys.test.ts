@@ -1,5 +1,5 @@
 import { createHash } from 'node:crypto';
-import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, rmSync, utimesSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -383,6 +383,42 @@ describe('the key file and the plans of the table in force', () => {
       expect(refusals() - before).toBe(1);
     }
     expect(told, 'three reloads each slower than the watcher: the machine is too slow to tell').toBe(true);
+  });
+});
+
+describe('a key file refused', () => {
+  it('is told once per content when the watcher reads it again, and again on SIGHUP (regression: its event and its poll logged it twice)', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'oapi-keys-refused-'));
+    const keysPath = join(dir, 'api-keys.yaml');
+    writeFileSync(keysPath, 'keys: []\n');
+    const gw = await startTestGateway({
+      limits: LIMITS,
+      dir,
+      env: { API_KEY_MODE: 'registered', API_KEYS_FILE: keysPath },
+    });
+    const refusals = () => gw.logs.filter((l) => l.msg === 'key file refused; the keys in force stay').length;
+    const settle = () => new Promise((r) => setTimeout(r, 600)); // past the watch's debounce and its 200 ms poll
+    try {
+      await settle();
+      writeFileSync(keysPath, 'keys:\n  - id: x\n    sha256: nope\n');
+      await settle();
+      expect(refusals()).toBe(1);
+      // The same content seen again (its event and its poll both fire for a touched file): nothing new to say.
+      const later = new Date(Date.now() + 5000);
+      utimesSync(keysPath, later, later);
+      await settle();
+      expect(refusals()).toBe(1);
+      // Asked for, it is told again.
+      await gw.gateway.reload('signal');
+      expect(refusals()).toBe(2);
+      // Another refusal is told.
+      writeFileSync(keysPath, 'keys:\n  - id: y\n    sha256: nope\n');
+      await settle();
+      expect(refusals()).toBe(3);
+    } finally {
+      await gw.stop();
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });
 
