@@ -84,6 +84,16 @@ describe.each([
     expect(JSON.stringify(headers)).not.toContain(ISSUED_KEY);
   });
 
+  it('keeps the key out of the query of an HTTP route too, every other parameter byte for byte (regression: ?api_key= reached the bridge)', async () => {
+    const reply = await send(gw.url, {
+      path: `/orders/1?a=1&api_key=${ISSUED_KEY}&b=%2F&api%5Fkey=${ISSUED_KEY}&c`,
+      headers: { [apiKeyHeader]: ISSUED_KEY },
+    });
+    await lastBridgeRequest(gw, reply);
+    const last = [...gw.eqt.requests, ...gw.fno.requests].at(-1) as { url: string };
+    expect(last.url).toBe('/orders/1?a=1&b=%2F&c');
+  });
+
   it('drops a consumer or key header spelt with underscores (regression: X_Consumer_Id reached the bridge, which a CGI-style server reads as X-Consumer-Id)', async () => {
     const underscored = (name: string): string => name.replaceAll('-', '_');
     const reply = await send(gw.url, {

@@ -107,9 +107,13 @@ export function apiKeyFromQuery(target: string): string | undefined {
   return new URLSearchParams(target.slice(q + 1)).get('api_key') || undefined;
 }
 
-/** The query string without `api_key` (it is never forwarded); the other parameters stay byte for byte. */
+/**
+ * The query string without `api_key`, on every route (README "Forwarding": the bridge never
+ * receives the client's key); the other parameters stay byte for byte.
+ */
 export function withoutApiKey(query: string): string {
-  if (query.length <= 1) return query;
+  // A name that decodes to `api_key` is spelt so, or holds an escape: any other query goes as it came.
+  if (query.length <= 1 || (!query.includes('api_key') && !query.includes('%'))) return query;
   // Each part's name decoded as URLSearchParams decodes it, so that every spelling apiKeyFromQuery accepts is removed.
   const kept = query
     .slice(1)

@@ -76,7 +76,7 @@ export function forward(options: ForwardOptions): Step {
         incoming,
         outgoing: c.env.outgoing,
         bridge: endpoint.bridge,
-        target: endpoint.path + endpoint.query,
+        target: endpoint.path + withoutApiKey(endpoint.query),
         body: c.get('body'),
         maxBodyBytes,
         requestId: c.get('requestId'),
