@@ -105,8 +105,11 @@ export function clientErrorAnswer(code: string | undefined): [number, Reason, st
       return [408, 'client-timeout', 'Request took too long to arrive'];
     case 'HPE_CHUNK_EXTENSIONS_OVERFLOW':
       return [413, 'body-size', 'Chunk extensions are too large'];
+    // llhttp's code for a second Content-Length. Content-Length with Transfer-Encoding comes as an
+    // invalid Transfer-Encoding or Content-Length, the codes of a malformed value too: those get the
+    // general message below.
     case 'HPE_UNEXPECTED_CONTENT_LENGTH':
-      return [400, 'bad-request', 'Content-Length and Transfer-Encoding together are not accepted'];
+      return [400, 'bad-request', 'Conflicting Content-Length headers'];
     default:
       return [400, 'bad-request', 'Malformed HTTP request'];
   }

@@ -99,6 +99,24 @@ describe('a client that sends its headers slowly', () => {
   }, 15_000);
 });
 
+describe('framing headers in conflict', () => {
+  it('are refused with 400, a second Content-Length told as such (regression: it was told as Content-Length with Transfer-Encoding)', async () => {
+    const before = gw.eqt.requests.length;
+    const head = `POST /orders HTTP/1.1\r\nHost: x\r\nX-API-Key: ${newKey()}\r\n`;
+    for (const [framing, message] of [
+      ['Content-Length: 2\r\nContent-Length: 3\r\n', 'Conflicting Content-Length headers'],
+      // llhttp gives these the codes of a malformed value: the general message, which is not wrong.
+      ['Content-Length: 2\r\nTransfer-Encoding: chunked\r\n', 'Malformed HTTP request'],
+      ['Transfer-Encoding: chunked\r\nContent-Length: 2\r\n', 'Malformed HTTP request'],
+    ] as const) {
+      const raw = await rawExchange(gw.port, `${head}${framing}\r\n{}`);
+      expect(raw).toMatch(/^HTTP\/1\.1 400 /);
+      expect(rawBody(raw)).toEqual({ error: 'Bad Request', message });
+    }
+    expect(gw.eqt.requests.length).toBe(before);
+  });
+});
+
 describe('oversized headers', () => {
   it('answer 431 in the two-field shape, one big header or many small ones, while a request under the limit passes', async () => {
     const key = newKey();
