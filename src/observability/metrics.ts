@@ -50,7 +50,7 @@ export class GatewayMetrics implements LimiterObserver {
   });
   readonly refusals = new Counter({
     name: 'oapi_gateway_refusals_total',
-    help: 'Requests refused for a spent window (shadow="true": counted on a shadow row, which would have refused them).',
+    help: 'Requests refused for a spent window, each once (window: hour, day or both; shadow="true": counted on a shadow row, which would have refused them).',
     labelNames: ['endpoint', 'window', 'shadow'] as const,
     registers: [this.registry],
   });
@@ -108,15 +108,19 @@ export class GatewayMetrics implements LimiterObserver {
     labelNames: ['result'] as const,
     registers: [this.registry],
   });
+  // With WORKERS=n the primary reports its workers' metrics together: each worker holds the table,
+  // so these are the latest of theirs, not their sum.
   readonly tableLoaded = new Gauge({
     name: 'oapi_gateway_limits_loaded_timestamp_seconds',
     help: 'When the limit table in force was loaded.',
     registers: [this.registry],
+    aggregator: 'max',
   });
   readonly tableRows = new Gauge({
     name: 'oapi_gateway_limits_rows',
     help: 'Rows of the limit table in force.',
     registers: [this.registry],
+    aggregator: 'max',
   });
   readonly websockets = new Gauge({
     name: 'oapi_gateway_websocket_connections',

@@ -15,6 +15,7 @@ limits:
     per_day: 500
   - { name: Order Status, route: "GET /orders/{id}", per_hour: 4, per_day: 6 }
   - { name: Trial Quote, route: "GET /marketdata/quote/{symbol}", per_hour: 2, per_day: 100, shadow: true }
+  - { name: Both Windows, route: "GET /both/{id}", per_hour: 2, per_day: 2 }
 plans:
   premium: { scale: 5 }
 `;
@@ -163,6 +164,7 @@ describe('/admin/usage/{apiKey}', () => {
       'POST /auth/token',
       'GET /orders/{id}',
       'GET /marketdata/quote/{symbol}',
+      'GET /both/{id}',
     ]);
     const orders = endpoints[1] as { name: string; hour: Record<string, number>; day: Record<string, number> };
     expect(Object.keys(orders)).toEqual(['name', 'route', 'hour', 'day']);
@@ -244,6 +246,21 @@ describe('shadow rows', () => {
 });
 
 describe('metrics', () => {
+  it('count a request refused with both windows spent once, as window="both" (regression: once per window)', async () => {
+    const key = `both-${Date.now()}`;
+    const statuses = [];
+    for (let i = 0; i < 4; i++)
+      statuses.push((await send(gw.url, { path: '/both/1', headers: { 'X-API-Key': key } })).status);
+    expect(statuses).toEqual([200, 200, 429, 429]);
+    const text = (await admin('/metrics', { headers: {} })).text;
+    const refusals = [
+      ...text.matchAll(
+        /^oapi_gateway_refusals_total\{endpoint="GET \/both\/\{id\}",window="(\w+)",shadow="false"\} (\d+)$/gm,
+      ),
+    ];
+    expect(refusals.map((m) => [m[1], Number(m[2])])).toEqual([['both', 2]]);
+  });
+
   it('count requests, refusals, near-limit answers, latencies and the table, with bounded labels', async () => {
     const key = `metrics-${Date.now()}`;
     for (let i = 0; i < 5; i++)
@@ -259,7 +276,7 @@ describe('metrics', () => {
       /^oapi_gateway_request_duration_seconds_bucket\{le="[0-9.]+",endpoint="GET \/orders\/\{id\}"\} \d+$/m,
     );
     expect(text).toMatch(/^oapi_gateway_upstream_duration_seconds_count\{bridge="eqt"\} [1-9]\d*$/m);
-    expect(text).toMatch(/^oapi_gateway_limits_rows 3$/m);
+    expect(text).toMatch(/^oapi_gateway_limits_rows 4$/m);
     expect(text).toMatch(/^oapi_gateway_limits_reloads_total\{result="ok"\} 1$/m);
     expect(text).toMatch(/^oapi_gateway_store_calls_total [1-9]\d*$/m);
     expect(text).toMatch(/^# TYPE oapi_gateway_store_fallbacks_total counter$/m);

@@ -184,6 +184,11 @@ describe('WORKERS=2', () => {
       ...metrics.matchAll(/^oapi_gateway_requests_total\{endpoint="GET \/orders",status="(\d+)"\} (\d+)$/gm),
     ].reduce((sum, m) => sum + Number(m[2]), 0);
     expect(total).toBe(24);
+    // The table's gauges are the table's, not their sum over the workers (regression: 4 rows for a table of 2).
+    expect(metrics).toMatch(/^oapi_gateway_limits_rows 2$/m);
+    const loadedAt = Number(/^oapi_gateway_limits_loaded_timestamp_seconds (\S+)$/m.exec(metrics)?.[1]);
+    expect(loadedAt).toBeLessThanOrEqual(Date.now() / 1000);
+    expect(loadedAt).toBeGreaterThan(Date.now() / 1000 - 300);
   });
 
   it('restarts a worker that cannot start with a growing delay, while the other serves (regression: a tight respawn loop)', async () => {

@@ -32,9 +32,8 @@ export function rateLimit(options: { limiter: Limiter; metrics: GatewayMetrics }
       c.set('usageHeaders', rateLimitHeaders(decision, decision.at));
       const endpoint = c.get('endpoint').row.route.text;
       if (decision.spent) {
-        const shadow = decision.allowed ? 'true' : 'false';
-        if (decision.spent !== 'day') metrics.refusals.labels(endpoint, 'hour', shadow).inc();
-        if (decision.spent !== 'hour') metrics.refusals.labels(endpoint, 'day', shadow).inc();
+        // One request, counted once: `window` is the window spent, or `both`.
+        metrics.refusals.labels(endpoint, decision.spent, decision.allowed ? 'true' : 'false').inc();
       } else {
         if (decision.hour.remaining < decision.hour.limit * NEAR_LIMIT_SHARE)
           metrics.nearLimit.labels(endpoint, 'hour').inc();
