@@ -318,6 +318,17 @@ export function loadSettings(options: LoadOptions = {}): Settings {
   };
 }
 
+/**
+ * `API_KEY_HEADER` as the gateway takes it (the environment, else `config/gateway.yaml`, else its
+ * default), for `npx oapi-gateway openapi`, which needs no other setting.
+ */
+export function apiKeyHeaderSetting(env: NodeJS.ProcessEnv = process.env, cwd = process.cwd()): string {
+  const fromEnv = env.API_KEY_HEADER?.trim();
+  if (fromEnv) return fromEnv;
+  const fromFile = readConfigFile(env.GATEWAY_CONFIG, cwd).values.apiKeyHeader;
+  return typeof fromFile === 'string' ? fromFile : FIELDS.apiKeyHeader.fallback;
+}
+
 /** The settings file: the values of the settings it sets, its routing and its credential routes (or their defaults). */
 function readConfigFile(name: string | undefined, cwd: string) {
   const configName = name ?? 'config/gateway.yaml';

@@ -1,5 +1,5 @@
 import { execFile } from 'node:child_process';
-import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
@@ -51,6 +51,24 @@ describe('npx oapi-gateway openapi', () => {
     const doc = JSON.parse(out.stdout) as OpenApiDocument;
     expect(doc.info.version).toBe(VERSION);
     expect(await validateDocument(doc)).toEqual({ valid: true, messages: [], warnings: [] });
+  });
+
+  it('takes the key header from config/gateway.yaml as the gateway does, the environment first (regression: the file was not read)', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'oapi-openapi-'));
+    writeFileSync(
+      join(dir, 'limits.yaml'),
+      'limits:\n  - { name: Quote, route: "GET /quote/{symbol}", per_hour: 7, per_day: 70 }\n',
+    );
+    mkdirSync(join(dir, 'config'));
+    writeFileSync(join(dir, 'config', 'gateway.yaml'), 'api_key_header: X-Desk-Key\n');
+    const nameOf = (out: Outcome): unknown =>
+      (JSON.parse(out.stdout) as OpenApiDocument).components.securitySchemes?.ApiKey?.name;
+    expect(nameOf(await cli(['openapi'], {}, dir))).toBe('X-Desk-Key');
+    expect(nameOf(await cli(['openapi'], { API_KEY_HEADER: 'X-Client-Key' }, dir))).toBe('X-Client-Key');
+    writeFileSync(join(dir, 'config', 'gateway.yaml'), 'api_key_header: X Bad Name\n');
+    const bad = await cli(['openapi'], {}, dir);
+    expect(bad.code).toBe(1);
+    expect(bad.stderr).toMatch(/^oapi-gateway: config\/gateway\.yaml:1:\d+: api_key_header /);
   });
 
   it('reads FILE, else $LIMITS_FILE, and takes the key header from $API_KEY_HEADER', async () => {
