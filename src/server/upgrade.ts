@@ -4,12 +4,17 @@ import { RESPONSE_ALREADY_SENT } from '@hono/node-server/utils/response';
 import type { Hono } from 'hono';
 import { rawAnswer, statusPhrase } from '../lib/answers.js';
 import type { GatewayEnv } from './context.js';
+import { endAndLinger } from './linger.js';
+import { requestIdSource } from './middleware/request-id.js';
 
 /**
  * WebSocket upgrades (README "WebSocket channels") go through the same middleware chain as every request:
  * key, endpoint (as method `WS`), limits. When the chain answers (401, 404, 429 …) the answer
  * is written to the socket as plain HTTP and no WebSocket is opened; when it passes, the
  * final handler has already handed the socket to the bridge.
+ *
+ * Every such answer closes the connection lingering (server/linger.ts): the client's socket is
+ * released even when the client never closes its side (docs/operations.md "Bridges").
  */
 
 /** The header with which @hono/node-server marks a response a handler has already written itself (read off its own constant). */
@@ -19,6 +24,8 @@ export function upgradeListener(
   app: Hono<GatewayEnv>,
   accepting: () => boolean,
 ): (req: IncomingMessage, socket: Duplex, head: Buffer) => void {
+  // The 503 at shutdown never reaches the app: its request id is drawn here (README "Headers and answers").
+  const nextId = requestIdSource();
   return function onUpgrade(req, socket, head) {
     socket.on('error', () => socket.destroy());
     handle(req, socket, head).catch(() => socket.destroy());
@@ -26,7 +33,7 @@ export function upgradeListener(
 
   async function handle(req: IncomingMessage, socket: Duplex, head: Buffer): Promise<void> {
     if (!accepting()) {
-      socket.end(rawAnswer(503, 'Shutting down'));
+      endAndLinger(socket, rawAnswer(503, 'Shutting down', [['X-Request-Id', nextId()]]));
       return;
     }
     // The chain reads headers from the Node request itself; the Request carries only the URL. (The
@@ -49,6 +56,6 @@ async function writeResponse(socket: Duplex, response: Response): Promise<void> 
     if (name !== 'content-length' && name !== 'connection') head += `${name}: ${value}\r\n`;
   });
   head += `Content-Length: ${body.length}\r\nConnection: close\r\n\r\n`;
-  if (socket.writable) socket.end(Buffer.concat([Buffer.from(head, 'latin1'), body]));
+  if (socket.writable) endAndLinger(socket, Buffer.concat([Buffer.from(head, 'latin1'), body]));
   else socket.destroy();
 }

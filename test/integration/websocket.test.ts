@@ -1030,3 +1030,62 @@ describe('shutdown', () => {
     }
   });
 });
+
+/**
+ * An upgrade written by hand from a client that never closes its side (allowHalfOpen) and, once
+ * answered, goes on sending a byte now and then: resolves with the answer and how long after it the
+ * gateway let go of the connection (the client's next write is then refused, and its socket closes).
+ */
+function halfOpenUpgrade(
+  gw: TestGateway,
+  lines: readonly string[],
+): Promise<{ head: string; releasedAfterMs: number }> {
+  const socket = net.connect({ port: gw.port, host: '127.0.0.1', allowHalfOpen: true });
+  socket.on('error', () => {});
+  let received = '';
+  let answeredAt = 0;
+  let ticker: NodeJS.Timeout | undefined;
+  const released = new Promise<{ head: string; releasedAfterMs: number }>((resolve) => {
+    socket.on('data', (chunk: Buffer) => (received += chunk.toString('latin1')));
+    socket.once('end', () => {
+      answeredAt = performance.now();
+      let ticks = 0;
+      ticker = setInterval(() => {
+        if (++ticks > 50) clearInterval(ticker);
+        else if (!socket.destroyed) socket.write('x');
+      }, 100);
+    });
+    socket.once('close', () => {
+      clearInterval(ticker);
+      resolve({
+        head: received.slice(0, received.indexOf('\r\n\r\n')),
+        releasedAfterMs: performance.now() - answeredAt,
+      });
+    });
+  });
+  socket.write(
+    [
+      'GET /ws/orders HTTP/1.1',
+      'Host: 127.0.0.1',
+      'Upgrade: websocket',
+      'Connection: Upgrade',
+      `Sec-WebSocket-Key: ${randomBytes(16).toString('base64')}`,
+      'Sec-WebSocket-Version: 13',
+      ...lines,
+      '',
+      '',
+    ].join('\r\n'),
+  );
+  return withTimeout(released, 6000, 'the gateway to let go of a refused upgrade').finally(() => {
+    clearInterval(ticker);
+    socket.destroy();
+  });
+}
+
+describe('a refused upgrade whose client never closes its side (docs/operations.md "Bridges": every socket is released)', () => {
+  it("is released after the gateway's own refusal (401)", async () => {
+    const { head, releasedAfterMs } = await halfOpenUpgrade(gw, []);
+    expect(head).toMatch(/^HTTP\/1\.1 401 /);
+    expect(releasedAfterMs).toBeLessThan(3500);
+  });
+});
