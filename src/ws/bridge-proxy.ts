@@ -5,15 +5,18 @@ import type * as HttpProxyMiddleware from 'http-proxy-middleware';
 import type { RequestHandler } from 'http-proxy-middleware';
 import { BRIDGES, type BridgeName } from '../config/settings.js';
 import type { HeaderList } from '../lib/header-list.js';
-import { requestHeaderList } from '../proxy/headers.js';
-import { rawAnswer } from '../lib/answers.js';
+import { requestHeaderList, responseHeaderList } from '../proxy/headers.js';
+import { rawAnswer, type Reason } from '../lib/answers.js';
+import { endAndLinger } from '../server/linger.js';
 
 /**
  * WebSocket upgrades to the bridges (README "WebSocket channels"), through http-proxy-middleware,
  * which joins the handshake and the two sockets. The upgrade request gets the same header rules
  * as any forwarded request (proxy/headers.ts); the bridge's 101 carries the usage headers. A bridge
  * that cannot be reached gets the client a 502, one that does not answer the upgrade within
- * `timeoutMs` a 504; a bridge that refuses the upgrade has its answer passed through.
+ * `timeoutMs` a 504; a bridge that refuses the upgrade has its answer passed through, with the usage
+ * headers added. Every answer that opens no WebSocket closes the client's connection lingering
+ * (server/linger.ts): its socket is released in each case (docs/operations.md "Bridges").
  */
 
 export interface UpgradeRequest {
@@ -24,21 +27,30 @@ export interface UpgradeRequest {
   readonly target: string;
   readonly requestId: string;
   readonly clientAddress: string;
-  /** Added to the 101 and to a 502/504 the proxy writes. */
+  /** Added to the 101, to a bridge's refusal and to a 502/504 the proxy writes. */
   readonly answerHeaders: HeaderList;
+  /** CORS is on: the gateway's own Access-Control-* fields are among `answerHeaders` and a bridge's are dropped (README "CORS"). */
+  readonly ownsCors?: boolean;
   /** Request fields never forwarded (lower case). */
   readonly droppedHeaders?: ReadonlySet<string>;
   /** Fields added for the bridge (flat list): who is calling (README "Forwarding"). */
   readonly addedHeaders?: readonly string[] | undefined;
   /** Called once the bridge accepted the upgrade and the two sockets are joined, before a byte flows between them. */
   readonly onOpen: (client: Duplex, bridge: Socket) => void;
-  readonly onDone: (status: number) => void;
+  /** The upgrade's outcome; `reason` when the gateway answered itself (docs/operations.md "Logs"). */
+  readonly onDone: (status: number, reason?: Reason) => void;
 }
+
+/**
+ * Where an upgrade stands: waiting for the bridge; answered without a WebSocket (a refusal of the
+ * bridge, the gateway's 502 or 504, or the client gone), the connection closing on its own; open.
+ */
+type UpgradeState = 'waiting' | 'answered' | 'open';
 
 interface Upgrade {
   readonly request: UpgradeRequest;
   readonly timer: NodeJS.Timeout;
-  settled: boolean;
+  state: UpgradeState;
   bridgeRequest: ClientRequest | undefined;
 }
 
@@ -108,15 +120,18 @@ export class WebSocketProxy {
     }
     const upgrade: Upgrade = {
       request,
-      settled: false,
+      state: 'waiting',
       bridgeRequest: undefined,
-      timer: setTimeout(() => this.#failed(upgrade, 504, 'Bridge did not answer in time'), this.#timeoutMs),
+      timer: setTimeout(
+        () => this.#failed(upgrade, 504, 'bridge-timeout', 'Bridge did not answer in time'),
+        this.#timeoutMs,
+      ),
     };
     socket.once('close', () => {
       clearTimeout(upgrade.timer);
       // The client left before the bridge answered: nothing is waiting for the bridge any more.
-      if (!upgrade.settled) {
-        upgrade.settled = true;
+      if (upgrade.state === 'waiting') {
+        upgrade.state = 'answered';
         upgrade.bridgeRequest?.destroy();
         request.onDone(CLIENT_GONE);
       }
@@ -136,7 +151,7 @@ export class WebSocketProxy {
     incoming.url = request.target;
     this.#upgrades.set(incoming, upgrade);
     void this.#loadProxies().then((proxies) => {
-      if (!upgrade.settled) proxies.get(request.bridge)?.upgrade(incoming, socket, request.head);
+      if (upgrade.state === 'waiting') proxies.get(request.bridge)?.upgrade(incoming, socket, request.head);
     });
   }
 
@@ -165,8 +180,10 @@ export class WebSocketProxy {
             if (res && 'destroy' in res) (res as Duplex).destroy();
             return;
           }
-          this.#onError(err, { bridge, phase: 'upgrade' });
-          this.#failed(upgrade, 502, 'Bridge unreachable');
+          // An upgrade already answered had its request to the bridge destroyed by the gateway (after
+          // a 504, or a client gone mid-handshake): that hang-up is no fault of the bridge's.
+          if (upgrade.state !== 'answered') this.#onError(err, { bridge, phase: 'upgrade' });
+          this.#failed(upgrade, 502, 'bridge-unreachable', 'Bridge unreachable');
         },
         // Emitted by http-proxy right after it piped the two sockets, before any byte flows.
         open: (bridgeSocket: Socket) => {
@@ -184,35 +201,82 @@ export class WebSocketProxy {
           bridgeRequest.once('upgrade', (res: IncomingMessage, bridgeSocket: Socket) => {
             // http-proxy writes the 101 from res.headers right after this listener.
             for (const [name, value] of upgrade.request.answerHeaders) res.headers[name.toLowerCase()] = value;
-            upgrade.settled = true;
+            upgrade.state = 'open';
             clearTimeout(upgrade.timer);
             // Watching the sockets must wait for http-proxy's pipes ('open'): a reader attached
             // now would take the frames the bridge sent along with its 101 before the client's pipe exists.
             this.#joining.set(bridgeSocket, upgrade);
             upgrade.request.onDone(101);
           });
-          bridgeRequest.once('response', (res: IncomingMessage) => {
-            // The bridge refused the upgrade; http-proxy passes its answer through as it is.
-            upgrade.settled = true;
-            clearTimeout(upgrade.timer);
-            upgrade.request.onDone(res.statusCode ?? 502);
+          const onRefusal = (res: IncomingMessage): void => this.#refused(upgrade, res);
+          bridgeRequest.once('response', onRefusal);
+          // http-proxy adds a 'response' listener of its own right after this event (ws-incoming.js),
+          // which writes the bridge's refusal as it is: `Transfer-Encoding: chunked` over a body it has
+          // already de-chunked, no usage headers, the bridge's CORS fields. The refusal is the gateway's
+          // to write (#refused); that listener is taken off before the bridge can have answered (no
+          // I/O comes before the next tick). (Marking the answer `upgrade` instead would make Node's
+          // client take it for a 101 and join the sockets.)
+          process.nextTick(() => {
+            for (const listener of bridgeRequest.listeners('response')) {
+              if (listener !== onRefusal) bridgeRequest.removeListener('response', listener as () => void);
+            }
           });
         },
       },
     }) as unknown as UpgradeHandler;
   }
 
-  #failed(upgrade: Upgrade, status: number, message: string): void {
-    const { socket } = upgrade.request;
-    if (upgrade.settled) {
-      socket.destroy();
+  /** The bridge answered the upgrade without a 101: its answer goes to the client, and no WebSocket opens. */
+  #refused(upgrade: Upgrade, res: IncomingMessage): void {
+    if (upgrade.state !== 'waiting') {
+      res.destroy();
       return;
     }
-    upgrade.settled = true;
+    upgrade.state = 'answered';
+    clearTimeout(upgrade.timer);
+    const { socket, answerHeaders, ownsCors } = upgrade.request;
+    upgrade.request.onDone(res.statusCode ?? 502);
+    passRefusal(socket, res, answerHeaders, ownsCors === true);
+  }
+
+  #failed(upgrade: Upgrade, status: number, reason: Reason, message: string): void {
+    const { socket } = upgrade.request;
+    // An open WebSocket whose bridge side failed: the client's side goes too.
+    if (upgrade.state === 'open') socket.destroy();
+    // An answered upgrade closes on its own (its answer lingers, or the client is gone).
+    if (upgrade.state !== 'waiting') return;
+    upgrade.state = 'answered';
     clearTimeout(upgrade.timer);
     upgrade.bridgeRequest?.destroy();
-    upgrade.request.onDone(status);
-    if (socket.writable) socket.end(rawAnswer(status, message, upgrade.request.answerHeaders));
+    upgrade.request.onDone(status, reason);
+    if (socket.writable) endAndLinger(socket, rawAnswer(status, message, upgrade.request.answerHeaders));
     else socket.destroy();
   }
+}
+
+/**
+ * A bridge's refusal of an upgrade as the client gets it, as the HTTP path passes a bridge's answer
+ * (README "Headers and answers", "Forwarding"): its status and fields but the hop-by-hop ones
+ * (RFC 9110 §7.6.1; `Transfer-Encoding` among them: the body arrives here de-chunked), the usage
+ * headers and `X-Request-Id` added, with CORS on the gateway's Access-Control-* fields alone
+ * (README "CORS"). The body follows as it came, with the bridge's Content-Length or else delimited
+ * by the close (RFC 9112 §6.3); then the connection closes lingering.
+ */
+function passRefusal(socket: Duplex, res: IncomingMessage, answerHeaders: HeaderList, ownsCors: boolean): void {
+  if (!socket.writable) {
+    res.destroy();
+    socket.destroy();
+    return;
+  }
+  const fields = responseHeaderList(res.rawHeaders, answerHeaders, ownsCors);
+  let head = `HTTP/1.1 ${res.statusCode ?? 502} ${res.statusMessage ?? ''}\r\n`;
+  for (let i = 0; i < fields.length; i += 2) head += `${fields[i]}: ${fields[i + 1]}\r\n`;
+  head += 'Connection: close\r\n\r\n';
+  // (The parser hands header values over as latin1: written back byte for byte.)
+  socket.write(Buffer.from(head, 'latin1'));
+  // A client that leaves stops the bridge's answer too; a body cut short is not made to look complete.
+  socket.once('close', () => res.destroy());
+  res.once('error', () => socket.destroy());
+  res.once('end', () => endAndLinger(socket));
+  res.pipe(socket, { end: false });
 }

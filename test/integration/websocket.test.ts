@@ -5,6 +5,7 @@ import WebSocket, { WebSocketServer, type RawData } from 'ws';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { authHeader, startTestGateway, type TestGateway } from '../helpers/gateway.js';
 import { send } from '../helpers/http.js';
+import { metricValue } from '../helpers/faults.js';
 import { refusingPort } from '../helpers/redis.js';
 
 /**
@@ -668,6 +669,12 @@ describe('refused upgrades: the answers of README "Headers and answers", and no 
       expect(JSON.parse(answer.body)).toEqual({ error: 'Bad Gateway', message: 'Bridge unreachable' });
       expect(answer.body).not.toContain(String(closedPort));
       expect(await gauge(down)).toBe(0);
+      // The gateway's own answer says why, in its access line and its metric (docs/operations.md "Logs").
+      const line = await accessLine(down, answer.headers['x-request-id']);
+      expect(line).toMatchObject({ status: 502, reason: 'bridge-unreachable', endpoint: ORDERS });
+      expect(
+        await metricValue(down, 'oapi_gateway_own_answers_total', { endpoint: ORDERS, reason: 'bridge-unreachable' }),
+      ).toBe(1);
     } finally {
       await down.stop();
     }
@@ -707,6 +714,14 @@ describe('refused upgrades: the answers of README "Headers and answers", and no 
       const answer = await refused(wsUrl(slow, '/ws/orders'), { 'X-API-Key': newKey() });
       expect(answer.status).toBe(504);
       expect(JSON.parse(answer.body)).toEqual({ error: 'Gateway Timeout', message: 'Bridge did not answer in time' });
+      const line = await accessLine(slow, answer.headers['x-request-id']);
+      expect(line).toMatchObject({ status: 504, reason: 'bridge-timeout', endpoint: ORDERS });
+      expect(
+        await metricValue(slow, 'oapi_gateway_own_answers_total', { endpoint: ORDERS, reason: 'bridge-timeout' }),
+      ).toBe(1);
+      // Its request to the bridge was abandoned by the gateway: no bridge error is logged for it.
+      await sleep(100);
+      expect(slow.logs.filter((l) => l.msg === 'bridge error')).toEqual([]);
       expect(performance.now() - started).toBeLessThan(2000);
       expect(silent.sockets.length).toBe(1);
       // The upgrade is abandoned: the gateway must not keep a connection to the bridge open for it.
@@ -1032,6 +1047,94 @@ describe('shutdown', () => {
 });
 
 /**
+ * A bridge that refuses every upgrade with `answer` (the bytes of a whole HTTP answer) and keeps its
+ * connection open, as a keep-alive server does.
+ */
+async function startRefusingBridge(answer: string): Promise<RawBridge> {
+  const sockets: Socket[] = [];
+  const server = net.createServer((socket) => {
+    sockets.push(socket);
+    socket.on('error', () => {});
+    let head = '';
+    socket.on('data', (chunk: Buffer) => {
+      head += chunk.toString('latin1');
+      if (!head.includes('\r\n\r\n')) return;
+      head = '';
+      socket.write(answer);
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  return {
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+    sockets,
+    received: new Map(),
+    close: async () => {
+      for (const socket of sockets) socket.destroy();
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+    },
+  };
+}
+
+const REFUSAL_BODY = '{"error":"forbidden","detail":"no market data for this account"}';
+/** A chunked 403 with CORS and usage fields of the bridge's own, its body in two chunks. */
+const CHUNKED_REFUSAL = [
+  'HTTP/1.1 403 Forbidden',
+  'Content-Type: application/json',
+  'Transfer-Encoding: chunked',
+  'Access-Control-Allow-Origin: *',
+  'X-RateLimit-Remaining-Hour: 99999',
+  'X-Bridge-Note: refused',
+  '',
+  `${(20).toString(16)}\r\n${REFUSAL_BODY.slice(0, 20)}`,
+  `${(REFUSAL_BODY.length - 20).toString(16)}\r\n${REFUSAL_BODY.slice(20)}`,
+  '0',
+  '',
+  '',
+].join('\r\n');
+
+/** The access line of the answer that carried `requestId`, once written. */
+async function accessLine(gw: TestGateway, requestId: unknown): Promise<Record<string, unknown>> {
+  expect(typeof requestId).toBe('string');
+  await waitFor(() => gw.logs.some((l) => l.msg === 'request' && l.reqId === requestId), 3000, 'the access line');
+  return gw.logs.find((l) => l.msg === 'request' && l.reqId === requestId)!;
+}
+
+describe('a bridge that refuses the upgrade', () => {
+  it('has its answer passed to the client with the usage headers, X-Request-Id and the gateway\'s CORS fields, framed anew (regression: "transfer-encoding: chunked" over a de-chunked body, no usage headers)', async () => {
+    const origin = 'https://app.example';
+    const refusing = await startRefusingBridge(CHUNKED_REFUSAL);
+    const cors = await startTestGateway({
+      limits: SMALL_LIMITS,
+      env: { ...FAST_ENV, CORS_ORIGINS: origin, EQT_BRIDGE_URL: refusing.url },
+    });
+    try {
+      const answer = await refused(wsUrl(cors, '/ws/orders'), { 'X-API-Key': newKey('refusal'), Origin: origin });
+      expect(answer.status).toBe(403);
+      expect(answer.statusText).toBe('Forbidden');
+      expect(answer.body).toBe(REFUSAL_BODY);
+      expect(answer.headers['transfer-encoding']).toBeUndefined();
+      expect(answer.headers['content-type']).toBe('application/json');
+      expect(answer.headers['x-bridge-note']).toBe('refused');
+      // The upgrade was counted: the usage headers are the gateway's, not the bridge's.
+      expect(answer.headers['x-ratelimit-limit-hour']).toBe('3');
+      expect(answer.headers['x-ratelimit-remaining-hour']).toBe('2');
+      expect(answer.headers['ratelimit-policy']).toBe('"hour";q=3;w=3600, "day";q=10;w=86400');
+      expect(answer.headers['x-request-id']).toBeTruthy();
+      // With CORS on, the gateway alone says which origins may read it (README "CORS").
+      expect(answer.headers['access-control-allow-origin']).toBe(origin);
+      expect(answer.headers.connection).toBe('close');
+      // A bridge's own answer: its status, no reason.
+      const line = await accessLine(cors, answer.headers['x-request-id']);
+      expect(line).toMatchObject({ status: 403, endpoint: ORDERS, bridge: 'eqt' });
+      expect(line.reason).toBeUndefined();
+    } finally {
+      await cors.stop();
+      await refusing.close();
+    }
+  });
+});
+
+/**
  * An upgrade written by hand from a client that never closes its side (allowHalfOpen) and, once
  * answered, goes on sending a byte now and then: resolves with the answer and how long after it the
  * gateway let go of the connection (the client's next write is then refused, and its socket closes).
@@ -1087,5 +1190,32 @@ describe('a refused upgrade whose client never closes its side (docs/operations.
     const { head, releasedAfterMs } = await halfOpenUpgrade(gw, []);
     expect(head).toMatch(/^HTTP\/1\.1 401 /);
     expect(releasedAfterMs).toBeLessThan(3500);
+  });
+
+  it('is released after a 502 for a bridge that cannot be reached', async () => {
+    const down = await startTestGateway({
+      limits: SMALL_LIMITS,
+      env: { ...FAST_ENV, EQT_BRIDGE_URL: `http://127.0.0.1:${await refusingPort()}` },
+    });
+    try {
+      const { head, releasedAfterMs } = await halfOpenUpgrade(down, [`X-API-Key: ${newKey('linger')}`]);
+      expect(head).toMatch(/^HTTP\/1\.1 502 /);
+      expect(releasedAfterMs).toBeLessThan(3500);
+    } finally {
+      await down.stop();
+    }
+  });
+
+  it("is released after the bridge's own refusal", async () => {
+    const refusing = await startRefusingBridge(CHUNKED_REFUSAL);
+    const behind = await startTestGateway({ limits: SMALL_LIMITS, env: { ...FAST_ENV, EQT_BRIDGE_URL: refusing.url } });
+    try {
+      const { head, releasedAfterMs } = await halfOpenUpgrade(behind, [`X-API-Key: ${newKey('linger')}`]);
+      expect(head).toMatch(/^HTTP\/1\.1 403 /);
+      expect(releasedAfterMs).toBeLessThan(3500);
+    } finally {
+      await behind.stop();
+      await refusing.close();
+    }
   });
 });

@@ -6,7 +6,7 @@ import type { WebSocketProxy } from '../../ws/bridge-proxy.js';
 import type { WebSocketConnections } from '../../ws/connections.js';
 import { answer } from '../answers.js';
 import type { Step } from '../chain.js';
-import type { GatewayEnv, UpgradeBinding } from '../context.js';
+import type { Forwarded, GatewayEnv, UpgradeBinding } from '../context.js';
 import { withoutApiKey } from './api-key.js';
 
 /**
@@ -35,10 +35,15 @@ export function forward(options: ForwardOptions): Step {
   const consumerOf = (keyId: string | undefined): string[] | undefined =>
     keyId !== undefined && consumerIdHeader ? [consumerIdHeader, keyId] : undefined;
 
-  const upgraded = (c: Context<GatewayEnv>, upgrade: UpgradeBinding, usageHeaders: HeaderList): Promise<Response> => {
+  const upgraded = (
+    c: Context<GatewayEnv>,
+    upgrade: UpgradeBinding,
+    usageHeaders: HeaderList,
+    ownsCors: boolean,
+  ): Promise<Response> => {
     const endpoint = c.get('endpoint');
     const requestId = c.get('requestId');
-    return new Promise<number>((resolve) => {
+    return new Promise<Forwarded>((resolve) => {
       webSocketProxy.upgrade({
         incoming: c.env.incoming,
         socket: upgrade.socket,
@@ -48,13 +53,15 @@ export function forward(options: ForwardOptions): Step {
         requestId,
         clientAddress: c.get('clientAddress'),
         answerHeaders: [...usageHeaders, ['X-Request-Id', requestId]],
+        ownsCors,
         droppedHeaders,
         addedHeaders: consumerOf(c.get('client')?.keyId),
         onOpen: (client, bridge) => websockets.add(endpoint.row, client, bridge),
-        onDone: resolve,
+        // A 502/504 of the gateway's own has its reason, for its access line and metrics (docs/operations.md "Logs").
+        onDone: (status, reason) => resolve({ status, reason, upstreamMs: undefined }),
       });
-    }).then((opened) => {
-      c.set('forwarded', { status: opened, upstreamMs: undefined });
+    }).then((forwarded) => {
+      c.set('forwarded', forwarded);
       return RESPONSE_ALREADY_SENT;
     });
   };
@@ -68,7 +75,7 @@ export function forward(options: ForwardOptions): Step {
     const cors = c.get('corsHeaders');
     const usage = c.get('usageHeaders') ?? NO_HEADERS;
     const usageHeaders = cors ? [...usage, ...cors] : usage;
-    if (c.env.upgrade) return upgraded(c, c.env.upgrade, usageHeaders);
+    if (c.env.upgrade) return upgraded(c, c.env.upgrade, usageHeaders, cors !== undefined);
 
     const endpoint = c.get('endpoint');
     return forwarder
