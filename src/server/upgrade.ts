@@ -4,7 +4,7 @@ import { RESPONSE_ALREADY_SENT } from '@hono/node-server/utils/response';
 import type { Hono } from 'hono';
 import { rawAnswer, statusPhrase } from '../lib/answers.js';
 import type { GatewayEnv } from './context.js';
-import { endAndLinger } from './linger.js';
+import { endAndLinger } from '../lib/linger.js';
 import { requestIdSource } from './middleware/request-id.js';
 
 /**
@@ -13,7 +13,7 @@ import { requestIdSource } from './middleware/request-id.js';
  * is written to the socket as plain HTTP and no WebSocket is opened; when it passes, the
  * final handler has already handed the socket to the bridge.
  *
- * Every such answer closes the connection lingering (server/linger.ts): the client's socket is
+ * Every such answer closes the connection lingering (lib/linger.ts): the client's socket is
  * released even when the client never closes its side (docs/operations.md "Bridges").
  */
 

@@ -7,7 +7,7 @@ import { BRIDGES, type BridgeName } from '../config/settings.js';
 import type { HeaderList } from '../lib/header-list.js';
 import { requestHeaderList, responseHeaderList } from '../proxy/headers.js';
 import { rawAnswer, type Reason } from '../lib/answers.js';
-import { endAndLinger } from '../server/linger.js';
+import { endAndLinger } from '../lib/linger.js';
 
 /**
  * WebSocket upgrades to the bridges (README "WebSocket channels"), through http-proxy-middleware,
@@ -16,7 +16,7 @@ import { endAndLinger } from '../server/linger.js';
  * that cannot be reached gets the client a 502, one that does not answer the upgrade within
  * `timeoutMs` a 504; a bridge that refuses the upgrade has its answer passed through, with the usage
  * headers added. Every answer that opens no WebSocket closes the client's connection lingering
- * (server/linger.ts): its socket is released in each case (docs/operations.md "Bridges").
+ * (lib/linger.ts): its socket is released in each case (docs/operations.md "Bridges").
  */
 
 export interface UpgradeRequest {
