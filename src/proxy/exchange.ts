@@ -15,6 +15,8 @@
  * - A streamed body over MAX_BODY_BYTES: 413 before the answer began, else a cut.
  * - Body bytes on a request whose headers announce none: the client connection is closed (its
  *   framing was not the gateway's; docs/operations.md "Hostile clients").
+ * - A body that has not all come within REQUEST_TIMEOUT_MS (lib/client-timeout.ts): 408, and
+ *   what the bridge has of it is dropped.
  */
 
 export type Phase =
@@ -33,6 +35,8 @@ export type Phase =
   | 'unreachable'
   /** 413 */
   | 'too-large'
+  /** 408: the client's body did not come in time. */
+  | 'client-timeout'
   /** The client's connection was closed mid-exchange (a broken or stalled bridge, untrusted framing). */
   | 'cut'
   /** The client left first (logged as 499). */
@@ -57,6 +61,8 @@ export type ExchangeEvent =
   | { readonly type: 'bridge-error'; readonly resendable: boolean }
   | { readonly type: 'body-too-large' }
   | { readonly type: 'framing-mismatch' }
+  /** The HTTP layer's REQUEST_TIMEOUT_MS passed before the client's body was all here. */
+  | { readonly type: 'client-timeout' }
   | { readonly type: 'client-gone' };
 
 /** What is known of an attempt that failed before its answer, for the one resend. */
@@ -103,6 +109,7 @@ export type ExchangeAction =
   | 'answer-502'
   | 'answer-504'
   | 'answer-413'
+  | 'answer-408'
   /** Stop reading the client's body. */
   | 'stop-reading'
   /** Destroy the client's connection. */
@@ -121,6 +128,7 @@ const PHASES: readonly Phase[] = [
   'timed-out',
   'unreachable',
   'too-large',
+  'client-timeout',
   'cut',
   'client-gone',
 ];
@@ -133,7 +141,15 @@ const stateOf = (phase: Phase, resent: boolean): ExchangeState => STATES[resent 
 
 export const START: ExchangeState = stateOf('sending', false);
 
-const ENDED: ReadonlySet<Phase> = new Set(['done', 'timed-out', 'unreachable', 'too-large', 'cut', 'client-gone']);
+const ENDED: ReadonlySet<Phase> = new Set([
+  'done',
+  'timed-out',
+  'unreachable',
+  'too-large',
+  'client-timeout',
+  'cut',
+  'client-gone',
+]);
 
 export function isEnded(state: ExchangeState): boolean {
   return ENDED.has(state.phase);
@@ -151,6 +167,7 @@ const UNREACHABLE: readonly ExchangeAction[] = ['clear-timer', 'abort-bridge', '
 const TOO_LARGE_CUT: readonly ExchangeAction[] = ['clear-timer', 'stop-reading', 'abort-bridge', 'close-client'];
 const TOO_LARGE: readonly ExchangeAction[] = ['clear-timer', 'stop-reading', 'abort-bridge', 'answer-413'];
 const MISMATCH: readonly ExchangeAction[] = ['clear-timer', 'stop-reading', 'abort-bridge', 'close-client'];
+const CLIENT_TIMED_OUT: readonly ExchangeAction[] = ['clear-timer', 'stop-reading', 'abort-bridge', 'answer-408'];
 const GONE: readonly ExchangeAction[] = ['clear-timer', 'abort-bridge'];
 
 const stay = (state: ExchangeState, actions: readonly ExchangeAction[] = NOTHING): Transition => ({ state, actions });
@@ -190,6 +207,9 @@ export function step(state: ExchangeState, event: ExchangeEvent): Transition {
       return answered ? to(state, 'cut', TOO_LARGE_CUT) : to(state, 'too-large', TOO_LARGE);
     case 'framing-mismatch':
       return to(state, 'cut', MISMATCH);
+    case 'client-timeout':
+      // The HTTP layer tells only of a request with no answer begun; after one, nothing is left but a cut.
+      return answered ? to(state, 'cut', MISMATCH) : to(state, 'client-timeout', CLIENT_TIMED_OUT);
     case 'client-gone':
       return to(state, 'client-gone', GONE);
   }

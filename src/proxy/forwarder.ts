@@ -7,6 +7,7 @@ import Pool from 'undici/lib/dispatcher/pool.js';
 import { BRIDGES, type BridgeName } from '../config/settings.js';
 import type { HeaderList } from '../lib/header-list.js';
 import { writeAnswer, type Reason } from '../lib/answers.js';
+import { CLIENT_TIMEOUT, CLIENT_TIMEOUT_ANSWER } from '../lib/client-timeout.js';
 import {
   START,
   isEnded,
@@ -55,7 +56,7 @@ export interface ForwardRequest {
 export interface ForwardResult {
   /** What the client got (499: it left first). */
   readonly status: number;
-  /** Why, when the forwarder answered itself (502, 504, 413). */
+  /** Why, when the forwarder answered itself (502, 504, 413, 408). */
   readonly reason?: Reason | undefined;
   /** Milliseconds until the bridge's status line (absent when it never came). */
   readonly upstreamMs: number | undefined;
@@ -299,6 +300,8 @@ class HttpExchange {
     }
     outgoing.once('close', this.#onClientClose);
     this.#timer = setTimeout(this.#onTimer, this.#timeoutMs);
+    // Only a body still on its way can time out (lib/client-timeout.ts).
+    if (this.#source !== 'none' && !incoming.complete) incoming.once(CLIENT_TIMEOUT, this.#onClientTimeout);
     if (this.#source === 'gathered') {
       // Sent once it is all here: until then any wait is the client's (the 'timer' event's rules).
       incoming.on('data', this.#onGatheredData);
@@ -387,6 +390,11 @@ class HttpExchange {
           ['Connection', 'close'],
         ]);
         return;
+      case 'answer-408': {
+        const [status, reason, message] = CLIENT_TIMEOUT_ANSWER;
+        this.#answer(reason, status, message, [['Connection', 'close']]);
+        return;
+      }
       case 'stop-reading': {
         const { incoming, outgoing } = this.#request;
         incoming.off('data', this.#onBodyData);
@@ -509,6 +517,10 @@ class HttpExchange {
       phase: 'request',
     });
     this.#dispatch({ type: 'framing-mismatch' });
+  };
+
+  readonly #onClientTimeout = (): void => {
+    this.#dispatch({ type: 'client-timeout' });
   };
 
   readonly #onClientClose = (): void => {

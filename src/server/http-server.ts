@@ -7,6 +7,7 @@ import type { Settings } from '../config/settings.js';
 import { accessLogWriter, type Logger } from '../observability/logger.js';
 import { UNMATCHED, type GatewayMetrics } from '../observability/metrics.js';
 import { clientErrorAnswer, errorBody, rawAnswer, writeAnswer, type Reason } from '../lib/answers.js';
+import { markClientTimeout } from '../lib/client-timeout.js';
 import type { GatewayEnv } from './context.js';
 import { requestIdSource } from './middleware/request-id.js';
 import { ConnectionOrder, type Exchange } from './connection-order.js';
@@ -20,7 +21,8 @@ import { gateRefusal } from './request-gate.js';
  * an `Expect` other than 100-continue 417, CONNECT 501.
  *
  * Each of these answers has an access line with its reason and counts in the metrics, like any
- * other answer the gateway writes itself (docs/operations.md "Logs").
+ * other answer the gateway writes itself (docs/operations.md "Logs"). A request the app is already
+ * serving when REQUEST_TIMEOUT_MS passes gets its 408 from the app instead (lib/client-timeout.ts).
  *
  * Pipelined requests keep their answers: when the parser fails on a request that follows others
  * still being answered, those get their answers first and the refusal comes after them
@@ -242,11 +244,14 @@ function clientErrorHandler(
     // A request whose own bytes broke off (or stopped coming) can never be answered by a bridge.
     const broken = pending.find((e) => !e.req.complete);
     if (broken && broken === pending[0]) {
-      // Not served yet (the failure came in the same read as its head, and now never will be), or
-      // served with no answer begun: refused now.
-      if (order.withhold(broken) || !broken.res.headersSent) refuse(broken.req.method);
-      // The gate's refusal of this very request is on its way and closes the connection.
-      else if (!broken.res.writableEnded) socket.destroy();
+      // Not served yet (the failure came in the same read as its head, and now never will be): refused now.
+      if (order.withhold(broken)) refuse(broken.req.method);
+      // An answer has begun: the gate's refusal of this very request is on its way and closes the connection.
+      else if (broken.res.headersSent) {
+        if (!broken.res.writableEnded) socket.destroy();
+      } else if (err.code === REQUEST_TIMEOUT) appAnswersTimeout(broken);
+      // Served with no answer begun: refused now.
+      else refuse(broken.req.method);
       return;
     }
     if (broken) order.dropFrom(socket, broken);
@@ -257,6 +262,23 @@ function clientErrorHandler(
       if (open) refuse(broken?.req.method);
     });
   };
+}
+
+/** Node's code for a request past `headersTimeout` or `requestTimeout`. */
+const REQUEST_TIMEOUT = 'ERR_HTTP_REQUEST_TIMEOUT';
+
+/**
+ * The app is serving a request whose body stopped coming: the 408 is the app's answer, with the
+ * request's id, usage headers and its one access line (docs/operations.md "Logs"), written by
+ * whoever reads the body or by the body step once an earlier step is done waiting
+ * (lib/client-timeout.ts). The answer says `Connection: close`; should none be complete within
+ * LINGER_MS, the connection is closed all the same, as after a refusal of this level.
+ */
+function appAnswersTimeout({ req, res }: Exchange): void {
+  markClientTimeout(req);
+  setTimeout(() => {
+    if (!res.writableFinished) req.socket.destroy();
+  }, LINGER_MS).unref();
 }
 
 /**

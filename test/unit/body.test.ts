@@ -1,5 +1,10 @@
+import { IncomingMessage } from 'node:http';
+import { Socket } from 'node:net';
+import { Hono } from 'hono';
 import { describe, expect, it } from 'vitest';
-import { credentialsProblem, isJsonMediaType } from '../../src/server/middleware/body.js';
+import { markClientTimeout } from '../../src/lib/client-timeout.js';
+import type { GatewayEnv } from '../../src/server/context.js';
+import { bodyRules, credentialsProblem, isJsonMediaType } from '../../src/server/middleware/body.js';
 
 describe('isJsonMediaType', () => {
   it.each([
@@ -61,5 +66,27 @@ describe('credentialsProblem', () => {
         Buffer.from(JSON.stringify({ username: '[[[[[[[[[[[[[[[[[[[[', password: '{{{{{{{{{{{{{{{{{{{{"' })),
       ),
     ).toBeUndefined();
+  });
+});
+
+describe('bodyRules on a request the HTTP layer marked as timed out', () => {
+  // The mark came while an earlier step waited (on Redis): the body step answers the 408 itself.
+  it('answers 408 client-timeout with Connection: close before looking at the body', async () => {
+    const incoming = new IncomingMessage(new Socket());
+    markClientTimeout(incoming);
+    const app = new Hono<GatewayEnv>();
+    const step = bodyRules({ maxBodyBytes: 10, credentialRoutes: new Set() });
+    let forwarded = false;
+    app.post('*', (c) =>
+      step(c, () => {
+        forwarded = true;
+        return Promise.resolve(c.body(null, 200));
+      }),
+    );
+    const reply = await app.request('/orders', { method: 'POST', body: 'x' }, { incoming });
+    expect(reply.status).toBe(408);
+    expect(reply.headers.get('connection')).toBe('close');
+    expect(await reply.json()).toEqual({ error: 'Request Timeout', message: 'Request took too long to arrive' });
+    expect(forwarded).toBe(false);
   });
 });

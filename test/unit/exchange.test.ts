@@ -157,6 +157,16 @@ describe('the client', () => {
     }
   });
 
+  it('whose body has not all come within REQUEST_TIMEOUT_MS gets 408, and the bridge request is aborted', () => {
+    for (const phase of ['sending', 'waiting'] as const) {
+      expect(step(at(phase), { type: 'client-timeout' })).toEqual({
+        state: at('client-timeout'),
+        actions: ['clear-timer', 'stop-reading', 'abort-bridge', 'answer-408'],
+      });
+    }
+    expect(step(at('streaming'), { type: 'client-timeout' }).state.phase).toBe('cut');
+  });
+
   it('leaving ends the exchange and aborts the bridge request', () => {
     for (const phase of ['sending', 'waiting', 'streaming'] as const) {
       expect(step(at(phase), { type: 'client-gone' })).toEqual({
@@ -178,9 +188,18 @@ describe('an ended exchange', () => {
       { type: 'bridge-error', resendable: true },
       { type: 'body-too-large' },
       { type: 'framing-mismatch' },
+      { type: 'client-timeout' },
       { type: 'client-gone' },
     ];
-    for (const phase of ['done', 'timed-out', 'unreachable', 'too-large', 'cut', 'client-gone'] as const) {
+    for (const phase of [
+      'done',
+      'timed-out',
+      'unreachable',
+      'too-large',
+      'client-timeout',
+      'cut',
+      'client-gone',
+    ] as const) {
       expect(isEnded(at(phase))).toBe(true);
       for (const event of events) expect(step(at(phase), event)).toEqual({ state: at(phase), actions: [] });
     }
@@ -200,6 +219,7 @@ describe('an ended exchange', () => {
       { type: 'bridge-error', resendable: false },
       { type: 'body-too-large' },
       { type: 'framing-mismatch' },
+      { type: 'client-timeout' },
       { type: 'client-gone' },
     ];
     for (const phase of ['sending', 'waiting', 'streaming'] as const) {

@@ -1,5 +1,6 @@
 import type { IncomingMessage } from 'node:http';
 import type { Context } from 'hono';
+import { CLIENT_TIMEOUT, CLIENT_TIMEOUT_ANSWER, clientTimedOut } from '../../lib/client-timeout.js';
 import { answer } from '../answers.js';
 import type { Next, Step } from '../chain.js';
 import type { GatewayEnv } from '../context.js';
@@ -10,7 +11,8 @@ import { requestHeader } from '../request-header.js';
  * refused with 413. On the credential routes (the specification's token operations) the body must be
  * a JSON object with non-empty string `username` and `password`, sent as
  * `application/json` (415 otherwise, 400 for the body); it is read once, bounded, and then
- * forwarded byte for byte.
+ * forwarded byte for byte. A body that has not all come within REQUEST_TIMEOUT_MS is this
+ * request's 408 (lib/client-timeout.ts).
  */
 
 /** Credentials are a few hundred bytes; a larger JSON body on a token route is refused, not parsed. */
@@ -28,6 +30,10 @@ export function bodyRules(options: BodyOptions): Step {
   const { maxBodyBytes, credentialRoutes } = options;
   const tooLarge = (c: Context<GatewayEnv>): Response =>
     answer(c, 'body-size', 413, `Request body is larger than ${maxBodyBytes} bytes`, [['Connection', 'close']]);
+  const [timeoutStatus, timeoutReason, timeoutMessage] = CLIENT_TIMEOUT_ANSWER;
+  // The rest of the body may still come: the connection cannot be used again.
+  const timedOut = (c: Context<GatewayEnv>): Response =>
+    answer(c, timeoutReason, timeoutStatus, timeoutMessage, [['Connection', 'close']]);
 
   const credentials = async (c: Context<GatewayEnv>, next: Next): Promise<Response> => {
     if (!isJsonMediaType(requestHeader(c, 'content-type')))
@@ -37,6 +43,7 @@ export function bodyRules(options: BodyOptions): Step {
       return maxBodyBytes <= MAX_CREDENTIALS_BYTES
         ? tooLarge(c)
         : answer(c, 'credentials', 400, 'Credentials body is too large', [['Connection', 'close']]);
+    if (body === 'timed-out') return timedOut(c);
     if (body === 'aborted') return answer(c, 'credentials', 400, 'Request body was not received');
     const problem = credentialsProblem(body);
     if (problem) return answer(c, 'credentials', 400, problem);
@@ -46,6 +53,9 @@ export function bodyRules(options: BodyOptions): Step {
 
   // Not async: a request without a body to check goes straight on.
   return function bodyRules(c, next) {
+    // The request timed out while an earlier step waited (on Redis): nobody was reading its body yet.
+    const incoming = c.env?.incoming;
+    if (incoming !== undefined && clientTimedOut(incoming)) return timedOut(c);
     const length = requestHeader(c, 'content-length');
     if (length !== undefined && Number(length) > maxBodyBytes) return tooLarge(c);
     if (credentialRoutes.has(c.get('endpoint').route.key)) return credentials(c, next);
@@ -110,8 +120,11 @@ function jsonDepth(text: string): number {
   return max;
 }
 
+/** What reading a body gives: the body, or why there is none (lib/client-timeout.ts: 'timed-out'). */
+type BodyRead = Buffer | 'too-large' | 'aborted' | 'timed-out';
+
 /** Reads the body, stopping as soon as it passes `limit` bytes (it is never buffered past that). */
-async function readBody(c: Context<GatewayEnv>, limit: number): Promise<Buffer | 'too-large' | 'aborted'> {
+async function readBody(c: Context<GatewayEnv>, limit: number): Promise<BodyRead> {
   const incoming = c.env?.incoming;
   if (!incoming) {
     const body = Buffer.from(await c.req.arrayBuffer());
@@ -120,15 +133,16 @@ async function readBody(c: Context<GatewayEnv>, limit: number): Promise<Buffer |
   return readIncoming(incoming, limit);
 }
 
-function readIncoming(incoming: IncomingMessage, limit: number): Promise<Buffer | 'too-large' | 'aborted'> {
+function readIncoming(incoming: IncomingMessage, limit: number): Promise<BodyRead> {
   return new Promise((resolve) => {
     const chunks: Buffer[] = [];
     let size = 0;
-    const done = (result: Buffer | 'too-large' | 'aborted'): void => {
+    const done = (result: BodyRead): void => {
       incoming.off('data', onData);
       incoming.off('end', onEnd);
       incoming.off('close', onClose);
       incoming.off('error', onClose);
+      incoming.off(CLIENT_TIMEOUT, onTimeout);
       resolve(result);
     };
     const onData = (chunk: Buffer): void => {
@@ -140,9 +154,12 @@ function readIncoming(incoming: IncomingMessage, limit: number): Promise<Buffer 
     };
     const onEnd = (): void => done(chunks.length === 1 ? (chunks[0] as Buffer) : Buffer.concat(chunks, size));
     const onClose = (): void => done('aborted');
+    const onTimeout = (): void => done('timed-out');
     incoming.on('data', onData);
     incoming.once('end', onEnd);
     incoming.once('close', onClose);
     incoming.once('error', onClose);
+    // Only a body still on its way can time out.
+    if (!incoming.complete) incoming.once(CLIENT_TIMEOUT, onTimeout);
   });
 }
