@@ -8,7 +8,9 @@ import { accessLogWriter, type Logger } from '../observability/logger.js';
 import { UNMATCHED, type GatewayMetrics } from '../observability/metrics.js';
 import { clientErrorAnswer, errorBody, rawAnswer, writeAnswer, type Reason } from '../lib/answers.js';
 import { markClientTimeout } from '../lib/client-timeout.js';
+import type { HeaderList } from '../lib/header-list.js';
 import type { GatewayEnv } from './context.js';
+import { corsFields } from './middleware/cors.js';
 import { requestIdSource } from './middleware/request-id.js';
 import { ConnectionOrder, type Exchange } from './connection-order.js';
 import { gateRefusal } from './request-gate.js';
@@ -20,7 +22,9 @@ import { gateRefusal } from './request-gate.js';
  * long 408, malformed HTTP 400 (including Content-Length with Transfer-Encoding, RFC 9112 §6.3),
  * an `Expect` other than 100-continue 417, CONNECT 501.
  *
- * Each of these answers has an access line with its reason and counts in the metrics, like any
+ * Each of these answers carries the CORS fields of README "CORS" when the request's head is known,
+ * and `Vary: Origin` alone when it is not (the parser failed before the head was whole), as any
+ * other answer while CORS is on. Each has an access line with its reason and counts in the metrics, like any
  * other answer the gateway writes itself (docs/operations.md "Logs"). A request the app is already
  * serving when REQUEST_TIMEOUT_MS passes gets its 408 from the app instead (lib/client-timeout.ts).
  *
@@ -38,7 +42,10 @@ export interface PublicServer {
   inFlight(): number;
 }
 
-type ServerSettings = Pick<Settings, 'maxHeaderBytes' | 'maxHeaderCount' | 'headersTimeoutMs' | 'requestTimeoutMs'>;
+type ServerSettings = Pick<
+  Settings,
+  'maxHeaderBytes' | 'maxHeaderCount' | 'headersTimeoutMs' | 'requestTimeoutMs' | 'corsOrigins'
+>;
 
 /** An answer of this level, for its access line. */
 interface HttpRefusal {
@@ -67,30 +74,46 @@ function refusalLog(logger: Logger, metrics: GatewayMetrics): RefusalLog {
   };
 }
 
-/** The answers written at this level, each with its request id, access line and metrics. */
+/** The answers written at this level, each with its request id, CORS fields, access line and metrics. */
 interface Refusals {
   /** On an exchange's response, closing the connection after it. */
   answer(exchange: Exchange, status: number, reason: Reason, message: string): void;
-  /** Straight onto a connection Node has handed over (an upgrade, CONNECT, a parser failure). */
-  linger(socket: Duplex, status: number, reason: Reason, message: string, method?: string): void;
+  /**
+   * Straight onto a connection Node has handed over (an upgrade, CONNECT, a parser failure), about
+   * `req` when its head is known; `method` is what the access line says (the request's by default).
+   */
+  linger(socket: Duplex, status: number, reason: Reason, message: string, req?: IncomingMessage, method?: string): void;
 }
 
-function refusals(observe: { logger: Logger; metrics: GatewayMetrics }): Refusals {
+/** The CORS fields of an answer of this level to `req` (undefined: its head is not known). */
+type CorsOf = (req: IncomingMessage | undefined) => HeaderList;
+
+const NO_FIELDS: HeaderList = [];
+
+/**
+ * README "CORS": every answer to a listed origin carries its CORS fields, the gateway's own refusals
+ * included (a browser reads one without them as a failed request, not as the refusal it is), and
+ * every answer says `Vary: Origin` while CORS is on; the same fields as the app's (middleware/cors.ts).
+ */
+function corsOfRequests(origins: readonly string[]): CorsOf {
+  if (origins.length === 0) return () => NO_FIELDS;
+  const fields = corsFields(origins);
+  return (req) => fields.listed(req?.headers.origin) ?? fields.others;
+}
+
+function refusals(observe: { logger: Logger; metrics: GatewayMetrics }, corsOf: CorsOf): Refusals {
   const logRefusal = refusalLog(observe.logger, observe.metrics);
   const nextId = requestIdSource();
   return {
     answer({ req, res }, status, reason, message) {
       const requestId = nextId();
-      writeAnswer(res, status, message, [
-        ['Connection', 'close'],
-        ['X-Request-Id', requestId],
-      ]);
+      writeAnswer(res, status, message, [['Connection', 'close'], ['X-Request-Id', requestId], ...corsOf(req)]);
       logRefusal({ status, reason, socket: req.socket, method: req.method, requestId });
     },
-    linger(socket, status, reason, message, method) {
+    linger(socket, status, reason, message, req, method = req?.method) {
       socket.on('error', () => socket.destroy());
       const requestId = nextId();
-      answerAndLinger(socket, status, message, requestId);
+      answerAndLinger(socket, status, message, [['X-Request-Id', requestId], ...corsOf(req)]);
       logRefusal({ status, reason, socket, method, requestId });
     },
   };
@@ -102,7 +125,7 @@ export function createPublicServer(
   observe: { logger: Logger; metrics: GatewayMetrics },
   onUpgrade: (req: IncomingMessage, socket: Duplex, head: Buffer) => void,
 ): PublicServer {
-  const refuse = refusals(observe);
+  const refuse = refusals(observe, corsOfRequests(settings.corsOrigins));
   const order = servingInOrder(app, settings.maxHeaderCount, refuse, observe.logger);
   const server = http.createServer(serverOptions(settings));
   // Every header line the parser reads is kept, so the framing it used is framing the gateway sees;
@@ -126,14 +149,14 @@ export function createPublicServer(
       if (!open) return void socket.destroy();
       const refusal = gateRefusal(req, settings.maxHeaderCount, true);
       if (!refusal) return onUpgrade(req, socket, head);
-      refuse.linger(socket, refusal.status, refusal.reason, refusal.message, 'WS');
+      refuse.linger(socket, refusal.status, refusal.reason, refusal.message, req, 'WS');
     });
   });
 
   server.on('connect', function refuseConnect(req: IncomingMessage, socket: Duplex) {
     order.whenIdle(socket, function connectInTurn(open) {
       if (!open) return void socket.destroy();
-      refuse.linger(socket, 501, 'not-implemented', 'CONNECT is not supported', req.method);
+      refuse.linger(socket, 501, 'not-implemented', 'CONNECT is not supported', req);
     });
   });
 
@@ -239,19 +262,19 @@ function clientErrorHandler(
     }
     const [status, reason, message] = clientErrorAnswer(err.code);
     logger.debug({ code: err.code, status }, 'client error');
-    const refuse = (method?: string): void => refusals.linger(socket, status, reason, message, method);
+    const refuse = (req?: IncomingMessage): void => refusals.linger(socket, status, reason, message, req);
     const pending = order.pending(socket);
     // A request whose own bytes broke off (or stopped coming) can never be answered by a bridge.
     const broken = pending.find((e) => !e.req.complete);
     if (broken && broken === pending[0]) {
       // Not served yet (the failure came in the same read as its head, and now never will be): refused now.
-      if (order.withhold(broken)) refuse(broken.req.method);
+      if (order.withhold(broken)) refuse(broken.req);
       // An answer has begun: the gate's refusal of this very request is on its way and closes the connection.
       else if (broken.res.headersSent) {
         if (!broken.res.writableEnded) socket.destroy();
       } else if (err.code === REQUEST_TIMEOUT) appAnswersTimeout(broken);
       // Served with no answer begun: refused now.
-      else refuse(broken.req.method);
+      else refuse(broken.req);
       return;
     }
     if (broken) order.dropFrom(socket, broken);
@@ -259,7 +282,7 @@ function clientErrorHandler(
     // first, then this refusal (unless the last of them closes the connection anyway: a client that
     // half-closed, or a refusal that said Connection: close).
     order.whenIdle(socket, function refuseInTurn(open) {
-      if (open) refuse(broken?.req.method);
+      if (open) refuse(broken?.req);
     });
   };
 }
@@ -286,8 +309,8 @@ function appAnswersTimeout({ req, res }: Exchange): void {
  * what the client still sends is read and dropped for a moment, so that the answer is not lost to
  * a reset, and then the connection is closed, also when the client never closes its side.
  */
-function answerAndLinger(socket: Duplex, status: number, message: string, requestId: string): void {
-  socket.end(rawAnswer(status, message, [['X-Request-Id', requestId]]));
+function answerAndLinger(socket: Duplex, status: number, message: string, headers: HeaderList): void {
+  socket.end(rawAnswer(status, message, headers));
   socket.resume();
   setTimeout(() => socket.destroy(), LINGER_MS).unref();
 }

@@ -2,7 +2,7 @@ import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startTestGateway, type TestGateway } from '../helpers/gateway.js';
-import { USAGE_HEADER_KEYS, send, type Reply } from '../helpers/http.js';
+import { USAGE_HEADER_KEYS, rawExchange, send, type Reply } from '../helpers/http.js';
 
 /**
  * CORS for browser clients (README "CORS"): off unless CORS_ORIGINS lists origins; a preflight is
@@ -130,6 +130,69 @@ describe('CORS_ORIGINS set', () => {
   });
 });
 
+/** A raw answer's status and fields (lower-case names, every value of a repeated one). */
+function parseRaw(answer: string): { status: number; fields: Map<string, string[]> } {
+  const [head = ''] = answer.split('\r\n\r\n');
+  const [statusLine = '', ...lines] = head.split('\r\n');
+  const fields = new Map<string, string[]>();
+  for (const line of lines) {
+    const at = line.indexOf(':');
+    const name = line.slice(0, at).trim().toLowerCase();
+    fields.set(name, [...(fields.get(name) ?? []), line.slice(at + 1).trim()]);
+  }
+  return { status: Number(statusLine.split(' ')[1]), fields };
+}
+
+describe('CORS_ORIGINS set: the answers of the HTTP layer and the request gate', () => {
+  let gw: TestGateway;
+  beforeAll(async () => {
+    gw = await startTestGateway({ limits: LIMITS, env: { CORS_ORIGINS: `${APP},${LOCAL}` } });
+  });
+  afterAll(async () => {
+    await gw?.stop();
+  });
+
+  const corsOf = (fields: Map<string, string[]>): string[] =>
+    [...fields.keys()].filter((name) => name.startsWith('access-control-'));
+
+  // Regression: they carried Connection and X-Request-Id alone, which a browser reads as a CORS failure.
+  it.each([
+    ['431, too many header lines', `GET /orders/1 HTTP/1.1\r\nHost: x\r\n${'X-A: b\r\n'.repeat(100)}`, 431],
+    ['417, an Expect other than 100-continue', 'GET /orders/1 HTTP/1.1\r\nHost: x\r\nExpect: tea\r\n', 417],
+    ['400, an upgrade to h2c', 'GET /orders/1 HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n', 400],
+    ['501, CONNECT', 'CONNECT x:443 HTTP/1.1\r\nHost: x:443\r\n', 501],
+  ] as const)('%s: a listed origin may read it, another gets Vary: Origin alone', async (_what, head, status) => {
+    const listed = parseRaw(await rawExchange(gw.port, `${head}Origin: ${APP}\r\n\r\n`, 3000));
+    expect(listed.status).toBe(status);
+    expect(listed.fields.get('access-control-allow-origin')).toEqual([APP]);
+    expect(listOf(listed.fields.get('access-control-expose-headers'))).toEqual([
+      ...USAGE_HEADER_KEYS,
+      'retry-after',
+      'x-request-id',
+    ]);
+    expect(listed.fields.get('vary')).toEqual(['Origin']);
+    expect(listed.fields.get('x-request-id')).toHaveLength(1);
+
+    const other = parseRaw(await rawExchange(gw.port, `${head}Origin: ${OTHER}\r\n\r\n`, 3000));
+    expect(other.status).toBe(status);
+    expect(corsOf(other.fields)).toEqual([]);
+    expect(other.fields.get('vary')).toEqual(['Origin']);
+  });
+
+  it('says Vary: Origin on an answer to bytes the parser failed on before the head was whole (no Origin known)', async () => {
+    const answer = parseRaw(
+      await rawExchange(
+        gw.port,
+        `GET /orders/1 HTTP/1.1\r\nHost: x\r\nOrigin: ${APP}\r\nX-Big: ${'a'.repeat(20_000)}\r\n\r\n`,
+        3000,
+      ),
+    );
+    expect(answer.status).toBe(431);
+    expect(corsOf(answer.fields)).toEqual([]);
+    expect(answer.fields.get('vary')).toEqual(['Origin']);
+  });
+});
+
 describe('CORS_ORIGINS unset (the default)', () => {
   it('answers no preflight itself and writes no CORS field', async () => {
     const gw = await startTestGateway({ limits: LIMITS });
@@ -144,6 +207,12 @@ describe('CORS_ORIGINS unset (the default)', () => {
       expect(corsFields(answer)).toEqual([]);
       expect(answer.headers.vary).toBeUndefined();
       expect(gw.eqt.requests.length).toBe(before + 1);
+      const refused = await rawExchange(
+        gw.port,
+        `GET /orders/1 HTTP/1.1\r\nHost: x\r\nExpect: tea\r\nOrigin: ${APP}\r\n\r\n`,
+      );
+      expect(refused).toMatch(/^HTTP\/1\.1 417 /);
+      expect(refused.toLowerCase()).not.toMatch(/\r\n(?:vary|access-control-[a-z-]+):/);
     } finally {
       await gw.stop();
     }

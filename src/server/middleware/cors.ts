@@ -11,7 +11,8 @@ import { requestHeader } from '../request-header.js';
  * invalid-key guard. A listed origin's preflight gets hono's `cors` answer; any other origin's gets a
  * 204 without CORS fields, which the browser reads as a refusal. Every other answer to a listed
  * origin carries `Access-Control-Allow-Origin` and exposes the usage headers, `Retry-After` and
- * `X-Request-Id`; the gateway's answers and the bridges' alike (server/answers.ts, forward.ts).
+ * `X-Request-Id`; the gateway's answers and the bridges' alike (server/answers.ts, forward.ts), and
+ * those of the HTTP layer and the request gate (server/http-server.ts).
  */
 
 export interface CorsOptions {
@@ -26,6 +27,25 @@ export const EXPOSED_HEADERS = [...USAGE_HEADER_NAMES, 'Retry-After', 'X-Request
 /** How long a browser may keep a preflight's answer (seconds). */
 const PREFLIGHT_MAX_AGE = 600;
 
+/** The CORS fields of the answers to each `Origin` (also those of the HTTP layer, server/http-server.ts). */
+export interface CorsFields {
+  /** A listed origin's: allowed, and the headers a page may read; undefined for any other origin, or none. */
+  listed(origin: string | undefined): HeaderList | undefined;
+  /** Every other answer's: the answer depends on Origin whenever CORS is on, so a cache must keep one per origin. */
+  readonly others: HeaderList;
+}
+
+export function corsFields(origins: readonly string[]): CorsFields {
+  const exposed: [string, string] = ['Access-Control-Expose-Headers', EXPOSED_HEADERS.join(', ')];
+  const forOrigin = new Map<string, HeaderList>(
+    origins.map((origin) => [origin, [['Access-Control-Allow-Origin', origin], exposed, ['Vary', 'Origin']]]),
+  );
+  return {
+    listed: (origin) => (origin === undefined ? undefined : forOrigin.get(origin)),
+    others: [['Vary', 'Origin']],
+  };
+}
+
 export function corsHeaders(options: CorsOptions): Step {
   const listed = new Set(options.origins);
   const preflight = cors({
@@ -35,16 +55,11 @@ export function corsHeaders(options: CorsOptions): Step {
     exposeHeaders: EXPOSED_HEADERS,
     maxAge: PREFLIGHT_MAX_AGE,
   });
-  const exposed: [string, string] = ['Access-Control-Expose-Headers', EXPOSED_HEADERS.join(', ')];
-  // The answer depends on Origin whenever CORS is on: a cache must keep one per origin.
-  const varyOnly: HeaderList = [['Vary', 'Origin']];
-  const forOrigin = new Map<string, HeaderList>(
-    [...listed].map((origin) => [origin, [['Access-Control-Allow-Origin', origin], exposed, ['Vary', 'Origin']]]),
-  );
+  const fields = corsFields(options.origins);
 
   return function corsHeaders(c, next) {
     const origin = requestHeader(c, 'origin');
-    const allowed = origin === undefined ? undefined : forOrigin.get(origin);
+    const allowed = fields.listed(origin);
     const isPreflight =
       c.req.method === 'OPTIONS' &&
       origin !== undefined &&
@@ -55,7 +70,7 @@ export function corsHeaders(options: CorsOptions): Step {
       if (allowed) return preflight(c, () => next().then(() => undefined)).then((response) => response ?? c.res);
       return c.body(null, 204, { Vary: 'Origin' });
     }
-    c.set('corsHeaders', allowed ?? varyOnly);
+    c.set('corsHeaders', allowed ?? fields.others);
     return next();
   };
 }
