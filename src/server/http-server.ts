@@ -14,6 +14,7 @@ import { corsFields } from './middleware/cors.js';
 import { requestIdSource } from './middleware/request-id.js';
 import { ConnectionOrder, type Exchange } from './connection-order.js';
 import { gateRefusal } from './request-gate.js';
+import { endAndLinger, LINGER_MS } from '../lib/linger.js';
 
 /**
  * The public HTTP server: Node's parser with bounded headers and timeouts against slow senders,
@@ -32,9 +33,6 @@ import { gateRefusal } from './request-gate.js';
  * still being answered, those get their answers first and the refusal comes after them
  * (docs/operations.md "Hostile clients").
  */
-
-/** How long a connection refused at this level is read from (and the bytes dropped) before it is closed. */
-const LINGER_MS = 2000;
 
 export interface PublicServer {
   readonly server: http.Server;
@@ -304,13 +302,7 @@ function appAnswersTimeout({ req, res }: Exchange): void {
   }, LINGER_MS).unref();
 }
 
-/**
- * Writes a gateway answer straight to the connection and closes it lingering, as nginx does:
- * what the client still sends is read and dropped for a moment, so that the answer is not lost to
- * a reset, and then the connection is closed, also when the client never closes its side.
- */
+/** Writes a gateway answer straight to the connection and closes it lingering (lib/linger.ts). */
 function answerAndLinger(socket: Duplex, status: number, message: string, headers: HeaderList): void {
-  socket.end(rawAnswer(status, message, headers));
-  socket.resume();
-  setTimeout(() => socket.destroy(), LINGER_MS).unref();
+  endAndLinger(socket, rawAnswer(status, message, headers));
 }
