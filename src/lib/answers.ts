@@ -32,6 +32,7 @@ export type Reason =
   | 'bad-request'
   | 'expectation'
   | 'not-implemented'
+  | 'preflight'
   | 'internal';
 
 /**

@@ -52,7 +52,7 @@ export function createPublicApp(deps: PublicAppDeps): Hono<GatewayEnv> {
     '*',
     chain(
       unexpected,
-      accessLog({ logger, metrics }),
+      accessLog({ logger, metrics, clientAddress }),
       requestId(),
       ...(settings.corsOrigins.length > 0
         ? [corsHeaders({ origins: settings.corsOrigins, apiKeyHeader: settings.apiKeyHeader })]

@@ -90,6 +90,16 @@ describe('CORS_ORIGINS set', () => {
     expect(bridged).toBe(1);
   });
 
+  it('logs each preflight with the client address and reason preflight, listed origin or not (regression: neither was in the line)', async () => {
+    for (const origin of [APP, OTHER]) {
+      const reply = await preflight(gw, origin);
+      const id = String(reply.headers['x-request-id']);
+      await new Promise((r) => setTimeout(r, 150)); // the access line is written in batches
+      const line = gw.logs.find((l) => l.msg === 'request' && l.reqId === id);
+      expect(line).toMatchObject({ method: 'OPTIONS', status: 204, reason: 'preflight', address: '127.0.0.1' });
+    }
+  });
+
   it('gives another origin no CORS fields, on its preflight (204, not forwarded) and on its answers', async () => {
     const reply = await preflight(gw, OTHER);
     expect(reply.status).toBe(204);

@@ -12,8 +12,13 @@ import type { GatewayEnv } from '../context.js';
  * key and the limit decision. Never the key, a body, a header or the query string.
  */
 
-export function accessLog(options: { logger: Logger; metrics: GatewayMetrics }): Step {
-  const { logger, metrics } = options;
+export function accessLog(options: {
+  logger: Logger;
+  metrics: GatewayMetrics;
+  /** The client's address, for a request answered before the key step set it (a CORS preflight). */
+  clientAddress: (c: Context<GatewayEnv>) => string;
+}): Step {
+  const { logger, metrics, clientAddress } = options;
   const writeLine = accessLogWriter(logger);
   const written = (c: Context<GatewayEnv>, started: number, response: Response): void => {
     const ms = performance.now() - started;
@@ -36,7 +41,7 @@ export function accessLog(options: { logger: Logger; metrics: GatewayMetrics }):
       ms: round(ms),
       upstreamMs: forwarded?.upstreamMs === undefined ? undefined : round(forwarded.upstreamMs),
       bridge: forwarded ? endpoint?.bridge : undefined,
-      address: c.get('clientAddress'),
+      address: c.get('clientAddress') ?? clientAddress(c),
       key: client ? shortKeyHash(client.keyHash) : undefined,
       keyId: client?.keyId,
       limit: limitOf(decision),

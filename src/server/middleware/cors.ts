@@ -66,6 +66,8 @@ export function corsHeaders(options: CorsOptions): Step {
       requestHeader(c, 'access-control-request-method') !== undefined;
     if (isPreflight) {
       c.header('X-Request-Id', c.get('requestId'));
+      // The gateway's own answer: its access line says why (docs/operations.md "Logs").
+      c.set('answered', { status: 204, reason: 'preflight' });
       // hono's cors answers a preflight itself (a 204 with the CORS fields); it never calls next.
       if (allowed) return preflight(c, () => next().then(() => undefined)).then((response) => response ?? c.res);
       return c.body(null, 204, { Vary: 'Origin' });
