@@ -1,10 +1,11 @@
 import http from 'node:http';
-import type { AddressInfo } from 'node:net';
+import net, { type AddressInfo } from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startTestGateway, type TestGateway } from '../helpers/gateway.js';
 import { rawExchange, send, type Reply } from '../helpers/http.js';
 import { metricValue } from '../helpers/faults.js';
 import { refusingPort, startRedisServer, type RedisProcess } from '../helpers/redis.js';
+import { startRedisProxy, type RedisProxy } from '../helpers/redis-proxy.js';
 
 /**
  * Every answer the gateway writes itself has an access line that says why (docs/operations.md
@@ -328,4 +329,56 @@ describe('answers about the parts behind the gateway', () => {
     expect(late.status).toBe(504);
     expect(await settledLineOf(slow, late)).toMatchObject({ reason: 'bridge-timeout', bridge: 'eqt' });
   });
+});
+
+describe('regression: a 408 logged for a request whose connection the HTTP layer had already closed', () => {
+  let redis: RedisProcess;
+  let proxy: RedisProxy;
+  let gw: TestGateway;
+  beforeAll(async () => {
+    redis = await startRedisServer();
+    proxy = await startRedisProxy(redis.port);
+    gw = await startTestGateway({
+      limits: `
+timezone: UTC
+limits:
+  - { name: Order Create, route: "POST /orders", per_hour: 1000, per_day: 1000 }
+`,
+      redis: proxy.url,
+      env: { REQUEST_TIMEOUT_MS: '300', HEADERS_TIMEOUT_MS: '300', REDIS_TIMEOUT_MS: '5000' },
+    });
+  });
+  afterAll(async () => {
+    await gw?.stop();
+    await proxy?.close();
+    await redis?.stop();
+  });
+
+  it('logs a 499 without a reason when its counting outlasted the 2 s the connection is given after the timeout', async () => {
+    // The body stops coming while the request waits on a slow Redis; the HTTP layer marks it at
+    // 300 ms and closes the connection 2 s later, before the counting answers at 2.8 s.
+    proxy.delayRepliesMs = 2800;
+    const id = `gone-${Date.now()}`;
+    const received = await new Promise<string>((resolve) => {
+      const socket = net.connect({ port: gw.port, host: '127.0.0.1', allowHalfOpen: true });
+      let data = '';
+      socket.on('data', (chunk: Buffer) => (data += chunk.toString('latin1')));
+      socket.on('error', () => {});
+      socket.on('close', () => resolve(data));
+      socket.write(
+        `POST /orders HTTP/1.1\r\nHost: x\r\nX-API-Key: slow-${id}\r\nX-Request-Id: ${id}\r\nContent-Length: 100\r\n\r\n{"u`,
+      );
+      setTimeout(() => socket.destroy(), 6000);
+    });
+    proxy.delayRepliesMs = 0;
+    expect(received).toBe('');
+    let line: Record<string, unknown> | undefined;
+    for (let i = 0; i < 40 && !line; i++) {
+      await new Promise((r) => setTimeout(r, 100));
+      line = gw.logs.find((l) => l.msg === 'request' && l.reqId === id);
+    }
+    expect(line).toMatchObject({ status: 499 });
+    expect(line?.reason).toBeUndefined();
+    expect(gw.logs.filter((l) => l.msg === 'request' && l.reqId === id)).toHaveLength(1);
+  }, 15_000);
 });

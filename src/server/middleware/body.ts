@@ -5,6 +5,7 @@ import { answer } from '../answers.js';
 import type { Next, Step } from '../chain.js';
 import type { GatewayEnv } from '../context.js';
 import { requestHeader } from '../request-header.js';
+import { RESPONSE_ALREADY_SENT } from '@hono/node-server/utils/response';
 
 /**
  * Step 4 of README "A request, step by step", after counting: the body. Any body longer than `maxBodyBytes` is
@@ -26,14 +27,24 @@ export interface BodyOptions {
   readonly credentialRoutes: ReadonlySet<string>;
 }
 
+/** Logged as the status of a request whose client was gone before its answer (nginx's convention). */
+const CLIENT_GONE = 499;
+
 export function bodyRules(options: BodyOptions): Step {
   const { maxBodyBytes, credentialRoutes } = options;
   const tooLarge = (c: Context<GatewayEnv>): Response =>
     answer(c, 'body-size', 413, `Request body is larger than ${maxBodyBytes} bytes`, [['Connection', 'close']]);
   const [timeoutStatus, timeoutReason, timeoutMessage] = CLIENT_TIMEOUT_ANSWER;
   // The rest of the body may still come: the connection cannot be used again.
-  const timedOut = (c: Context<GatewayEnv>): Response =>
-    answer(c, timeoutReason, timeoutStatus, timeoutMessage, [['Connection', 'close']]);
+  const timedOut = (c: Context<GatewayEnv>): Response => {
+    // The HTTP layer closed the connection meanwhile (an earlier step waited past its LINGER_MS,
+    // server/http-server.ts): no 408 reaches the client, whose line is a 499 (docs/operations.md "Logs").
+    if (c.env?.outgoing?.destroyed) {
+      c.set('forwarded', { status: CLIENT_GONE, upstreamMs: undefined });
+      return RESPONSE_ALREADY_SENT;
+    }
+    return answer(c, timeoutReason, timeoutStatus, timeoutMessage, [['Connection', 'close']]);
+  };
 
   const credentials = async (c: Context<GatewayEnv>, next: Next): Promise<Response> => {
     if (!isJsonMediaType(requestHeader(c, 'content-type')))
