@@ -236,7 +236,7 @@ export class WebSocketProxy {
     clearTimeout(upgrade.timer);
     const { socket, answerHeaders, ownsCors } = upgrade.request;
     upgrade.request.onDone(res.statusCode ?? 502);
-    passRefusal(socket, res, answerHeaders, ownsCors === true);
+    passRefusal(socket, res, answerHeaders, ownsCors === true, this.#timeoutMs);
   }
 
   #failed(upgrade: Upgrade, status: number, reason: Reason, message: string): void {
@@ -262,7 +262,13 @@ export class WebSocketProxy {
  * (README "CORS"). The body follows as it came, with the bridge's Content-Length or else delimited
  * by the close (RFC 9112 §6.3); then the connection closes lingering.
  */
-function passRefusal(socket: Duplex, res: IncomingMessage, answerHeaders: HeaderList, ownsCors: boolean): void {
+function passRefusal(
+  socket: Duplex,
+  res: IncomingMessage,
+  answerHeaders: HeaderList,
+  ownsCors: boolean,
+  idleMs: number,
+): void {
   if (!socket.writable) {
     res.destroy();
     socket.destroy();
@@ -275,8 +281,24 @@ function passRefusal(socket: Duplex, res: IncomingMessage, answerHeaders: Header
   // (The parser hands header values over as latin1: written back byte for byte.)
   socket.write(Buffer.from(head, 'latin1'));
   // A client that leaves stops the bridge's answer too; a body cut short is not made to look complete.
-  socket.once('close', () => res.destroy());
+  // A body that makes no progress for the upstream timeout (the bridge quiet, or the client not
+  // reading) is cut as the HTTP path cuts it: every socket is released (docs/operations.md "Bridges").
+  const idle = setTimeout(() => {
+    res.destroy();
+    socket.destroy();
+  }, idleMs);
+  idle.unref();
+  const progress = (): void => void idle.refresh();
+  res.on('data', progress);
+  socket.on('drain', progress);
+  socket.once('close', () => {
+    clearTimeout(idle);
+    res.destroy();
+  });
   res.once('error', () => socket.destroy());
-  res.once('end', () => endAndLinger(socket));
+  res.once('end', () => {
+    clearTimeout(idle);
+    endAndLinger(socket);
+  });
   res.pipe(socket, { end: false });
 }

@@ -1219,3 +1219,44 @@ describe('a refused upgrade whose client never closes its side (docs/operations.
     }
   });
 });
+
+describe('regression: a bridge refusal whose body stalls held both sockets for good', () => {
+  it('is cut after UPSTREAM_TIMEOUT_MS without progress, the client and the bridge socket released', async () => {
+    const stalling = await startRefusingBridge('HTTP/1.1 403 Forbidden\r\nContent-Length: 100\r\n\r\npartial');
+    const behind = await startTestGateway({
+      limits: SMALL_LIMITS,
+      env: { UPSTREAM_TIMEOUT_MS: '1000', EQT_BRIDGE_URL: stalling.url },
+    });
+    try {
+      const socket = net.connect({ port: behind.port, host: '127.0.0.1', allowHalfOpen: true });
+      socket.on('error', () => {});
+      let received = '';
+      socket.on('data', (chunk: Buffer) => (received += chunk.toString('latin1')));
+      const sentAt = performance.now();
+      // Half-open: the gateway's close arrives as the end of what it sends.
+      const closed = new Promise<number>((resolve) => socket.once('end', () => resolve(performance.now() - sentAt)));
+      socket.write(
+        [
+          'GET /ws/orders HTTP/1.1',
+          'Host: 127.0.0.1',
+          'Upgrade: websocket',
+          'Connection: Upgrade',
+          `Sec-WebSocket-Key: ${randomBytes(16).toString('base64')}`,
+          'Sec-WebSocket-Version: 13',
+          `X-API-Key: ${newKey('stall')}`,
+          '',
+          '',
+        ].join('\r\n'),
+      );
+      const closedAfterMs = await withTimeout(closed, 6000, 'the stalled refusal to be cut');
+      expect(received).toMatch(/^HTTP\/1\.1 403 /);
+      expect(received.endsWith('partial')).toBe(true);
+      expect(closedAfterMs).toBeLessThan(3000);
+      await new Promise((r) => setTimeout(r, 100));
+      expect(stalling.sockets.every((s) => s.destroyed || s.readableEnded)).toBe(true);
+    } finally {
+      await behind.stop();
+      await stalling.close();
+    }
+  });
+});
