@@ -120,10 +120,8 @@ export interface Transition {
   readonly actions: readonly ExchangeAction[];
 }
 
-const PHASES: readonly Phase[] = [
-  'sending',
-  'waiting',
-  'streaming',
+/** The phases after which nothing more happens: every event leaves them as they are. */
+const ENDED_PHASES: readonly Phase[] = [
   'done',
   'timed-out',
   'unreachable',
@@ -132,6 +130,7 @@ const PHASES: readonly Phase[] = [
   'cut',
   'client-gone',
 ];
+const PHASES: readonly Phase[] = ['sending', 'waiting', 'streaming', ...ENDED_PHASES];
 
 // Every state exists once, and every list of actions is a constant: a step allocates nothing.
 const STATES = [false, true].map(
@@ -141,15 +140,7 @@ const stateOf = (phase: Phase, resent: boolean): ExchangeState => STATES[resent 
 
 export const START: ExchangeState = stateOf('sending', false);
 
-const ENDED: ReadonlySet<Phase> = new Set([
-  'done',
-  'timed-out',
-  'unreachable',
-  'too-large',
-  'client-timeout',
-  'cut',
-  'client-gone',
-]);
+const ENDED: ReadonlySet<Phase> = new Set(ENDED_PHASES);
 
 export function isEnded(state: ExchangeState): boolean {
   return ENDED.has(state.phase);

@@ -503,6 +503,21 @@ function linesOf(raw: readonly string[], name: string): string[] {
   return values;
 }
 
+/** The bytes of a WebSocket upgrade request for `target`, with further header lines. */
+function upgradeRequest(target: string, lines: readonly string[]): string {
+  return [
+    `GET ${target} HTTP/1.1`,
+    'Host: 127.0.0.1',
+    'Upgrade: websocket',
+    'Connection: Upgrade',
+    `Sec-WebSocket-Key: ${randomBytes(16).toString('base64')}`,
+    'Sec-WebSocket-Version: 13',
+    ...lines,
+    '',
+    '',
+  ].join('\r\n');
+}
+
 /** An upgrade request written by hand, for header lines no Node client sends (two `Cookie` lines); resolves with the answer's head. */
 function handWrittenUpgrade(gw: TestGateway, target: string, lines: readonly string[]): Promise<string> {
   const socket = net.connect({ port: gw.port, host: '127.0.0.1' });
@@ -516,19 +531,7 @@ function handWrittenUpgrade(gw: TestGateway, target: string, lines: readonly str
     });
     socket.once('close', () => reject(new Error(`closed before an answer: ${JSON.stringify(received)}`)));
   });
-  socket.write(
-    [
-      `GET ${target} HTTP/1.1`,
-      'Host: 127.0.0.1',
-      'Upgrade: websocket',
-      'Connection: Upgrade',
-      `Sec-WebSocket-Key: ${randomBytes(16).toString('base64')}`,
-      'Sec-WebSocket-Version: 13',
-      ...lines,
-      '',
-      '',
-    ].join('\r\n'),
-  );
+  socket.write(upgradeRequest(target, lines));
   return withTimeout(head, 5000, `the answer to ${target}`).finally(() => socket.destroy());
 }
 
@@ -1166,19 +1169,7 @@ function halfOpenUpgrade(
       });
     });
   });
-  socket.write(
-    [
-      'GET /ws/orders HTTP/1.1',
-      'Host: 127.0.0.1',
-      'Upgrade: websocket',
-      'Connection: Upgrade',
-      `Sec-WebSocket-Key: ${randomBytes(16).toString('base64')}`,
-      'Sec-WebSocket-Version: 13',
-      ...lines,
-      '',
-      '',
-    ].join('\r\n'),
-  );
+  socket.write(upgradeRequest('/ws/orders', lines));
   return withTimeout(released, 6000, 'the gateway to let go of a refused upgrade').finally(() => {
     clearInterval(ticker);
     socket.destroy();
@@ -1235,19 +1226,7 @@ describe('regression: a bridge refusal whose body stalls held both sockets for g
       const sentAt = performance.now();
       // Half-open: the gateway's close arrives as the end of what it sends.
       const closed = new Promise<number>((resolve) => socket.once('end', () => resolve(performance.now() - sentAt)));
-      socket.write(
-        [
-          'GET /ws/orders HTTP/1.1',
-          'Host: 127.0.0.1',
-          'Upgrade: websocket',
-          'Connection: Upgrade',
-          `Sec-WebSocket-Key: ${randomBytes(16).toString('base64')}`,
-          'Sec-WebSocket-Version: 13',
-          `X-API-Key: ${newKey('stall')}`,
-          '',
-          '',
-        ].join('\r\n'),
-      );
+      socket.write(upgradeRequest('/ws/orders', [`X-API-Key: ${newKey('stall')}`]));
       const closedAfterMs = await withTimeout(closed, 6000, 'the stalled refusal to be cut');
       expect(received).toMatch(/^HTTP\/1\.1 403 /);
       expect(received.endsWith('partial')).toBe(true);

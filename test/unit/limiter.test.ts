@@ -199,8 +199,8 @@ describe('Limiter', () => {
     expect(store.calls).toBe(calls + 1);
   });
 
-  it('tries a failed merge again with a request only once retryStoreAfterMs has passed (a part of the store can stay away while the rest answers)', async () => {
-    const limiter = make('insurance');
+  /** Key `a` admitted while a part of the store was away, then every merge failing; returns what makes merges work again. */
+  const admittedWhileMergesFail = async (limiter: Limiter): Promise<() => void> => {
     store.failing = new StoreUnavailableError('connection', 'master away', { part: true });
     await check(limiter, small, 'a');
     store.failing = undefined;
@@ -209,12 +209,20 @@ describe('Limiter', () => {
       store.merges.push(entries);
       throw new MergeFailedError(new StoreUnavailableError('connection', 'master away', { part: true }), entries);
     };
+    return () => {
+      store.merge = mergeWorks;
+    };
+  };
+
+  it('tries a failed merge again with a request only once retryStoreAfterMs has passed (a part of the store can stay away while the rest answers)', async () => {
+    const limiter = make('insurance');
+    const mergesWork = await admittedWhileMergesFail(limiter);
     await check(limiter, small, 'b');
     await limiter.merged();
     await check(limiter, small, 'c');
     await limiter.merged();
     expect(store.merges).toHaveLength(1);
-    store.merge = mergeWorks;
+    mergesWork();
     clock.advance(1000);
     await check(limiter, small, 'd');
     await limiter.merged();
@@ -226,19 +234,12 @@ describe('Limiter', () => {
 
   it('hands the units still waiting to the store at shutdown (mergeWaiting), whenever the last merge failed, and says how many counters are left', async () => {
     const limiter = make('insurance');
-    store.failing = new StoreUnavailableError('connection', 'master away', { part: true });
-    await check(limiter, small, 'a');
-    store.failing = undefined;
-    const mergeWorks = store.merge.bind(store);
-    store.merge = async (entries) => {
-      store.merges.push(entries);
-      throw new MergeFailedError(new StoreUnavailableError('connection', 'master away', { part: true }), entries);
-    };
+    const mergesWork = await admittedWhileMergesFail(limiter);
     await check(limiter, small, 'b'); // the first merge fails: the next waits for a request a second later
     await limiter.merged();
     expect(await limiter.mergeWaiting()).toBe(1); // tried at once, failed again: one counter left
     expect(store.merges).toHaveLength(2);
-    store.merge = mergeWorks;
+    mergesWork();
     expect(await limiter.mergeWaiting()).toBe(0);
     expect(store.merges).toHaveLength(3);
     expect(await limiter.usage('a', [small], t.calendar)).toEqual([{ hour: 1, day: 1 }]);
