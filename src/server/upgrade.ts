@@ -6,6 +6,7 @@ import { rawAnswer, statusPhrase } from '../lib/answers.js';
 import type { GatewayEnv } from './context.js';
 import { endAndLinger } from '../lib/linger.js';
 import { requestIdSource } from './middleware/request-id.js';
+import type { WebSocketConnections } from '../ws/connections.js';
 
 /**
  * WebSocket upgrades (README "WebSocket channels") go through the same middleware chain as every request:
@@ -23,12 +24,17 @@ const ALREADY_SENT = [...RESPONSE_ALREADY_SENT.headers.keys()][0] as string;
 export function upgradeListener(
   app: Hono<GatewayEnv>,
   accepting: () => boolean,
+  websockets: Pick<WebSocketConnections, 'handshake'>,
 ): (req: IncomingMessage, socket: Duplex, head: Buffer) => void {
   // The 503 at shutdown never reaches the app: its request id is drawn here (README "Headers and answers").
   const nextId = requestIdSource();
   return function onUpgrade(req, socket, head) {
     socket.on('error', () => socket.destroy());
-    handle(req, socket, head).catch(() => socket.destroy());
+    // Shutdown waits for the handshake: the app resolves once the answer is written or the sockets are joined.
+    const settled = websockets.handshake(socket);
+    handle(req, socket, head)
+      .catch(() => socket.destroy())
+      .finally(settled);
   };
 
   async function handle(req: IncomingMessage, socket: Duplex, head: Buffer): Promise<void> {

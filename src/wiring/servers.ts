@@ -59,7 +59,12 @@ export async function startPublicServer(
   observe: { logger: Logger; metrics: GatewayMetrics },
   closers: Closers,
 ): Promise<Listening> {
-  const publicServer = createPublicServer(parts.app, settings, observe, upgradeListener(parts.app, parts.accepting));
+  const publicServer = createPublicServer(
+    parts.app,
+    settings,
+    observe,
+    upgradeListener(parts.app, parts.accepting, parts.websockets),
+  );
   const { server } = publicServer;
   await listen(server, settings.port, settings.host, PUBLIC_SETTINGS);
   closers.add('public listener', async () => {

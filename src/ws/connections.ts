@@ -7,7 +7,8 @@ import { closeFrame, FrameBoundary } from './frames.js';
 /**
  * The open proxied WebSocket connections: counted per row in a metric, released when either
  * side goes away (a peer that vanishes without a Close frame included), and closed with
- * 1001 "going away" on both sides at shutdown, between frames.
+ * 1001 "going away" on both sides at shutdown, between frames. Upgrades still in their handshake
+ * at shutdown are waited for too: one that opens then gets its 1001 at once (README "WebSocket channels").
  */
 
 const GOING_AWAY = 1001;
@@ -26,7 +27,12 @@ interface Connection {
 
 export class WebSocketConnections {
   readonly #open = new Set<Connection>();
+  /** The client sockets of upgrades between their arrival and their answer or join. */
+  readonly #handshakes = new Set<Duplex>();
   readonly #metrics: GatewayMetrics;
+  #closing = false;
+  /** While shutdown waits: called as each connection or handshake ends. */
+  #onSettled: (() => void) | undefined;
 
   constructor(metrics: GatewayMetrics) {
     this.#metrics = metrics;
@@ -34,6 +40,17 @@ export class WebSocketConnections {
 
   get size(): number {
     return this.#open.size;
+  }
+
+  /**
+   * An upgrade has arrived on `client`. Until the returned function is called (once its answer is
+   * written, or its sockets are joined by add()), shutdown waits for it.
+   */
+  handshake(client: Duplex): () => void {
+    this.#handshakes.add(client);
+    return () => {
+      if (this.#handshakes.delete(client)) this.#onSettled?.();
+    };
   }
 
   /** Must be called as the two sockets are joined, before any byte flows between them. */
@@ -65,27 +82,38 @@ export class WebSocketConnections {
       this.#open.delete(connection);
       this.#metrics.websockets.labels(endpoint).dec();
       release();
+      this.#onSettled?.();
     };
     client.once('close', onClose(bridge));
     bridge.once('close', onClose(client));
     // (The client socket already has its error handler, from the upgrade listener.)
     bridge.on('error', () => bridge.destroy());
+    // An upgrade whose handshake shutdown waited for: it opens only to be closed.
+    if (this.#closing) goAway(connection);
   }
 
-  /** Sends 1001 to both sides of every connection, waits for them to close (at most `timeoutMs`), then drops the rest. */
+  /**
+   * Sends 1001 to both sides of every connection, and of every one that opens from a handshake in
+   * progress; waits for them all to close (at most `timeoutMs`), then drops the rest.
+   */
   async closeAll(timeoutMs: number): Promise<void> {
-    const all = [...this.#open];
-    for (const connection of all) goAway(connection);
-    let timer: NodeJS.Timeout | undefined;
-    await Promise.race([
-      Promise.all(all.map((c) => c.closed)),
-      new Promise<void>((resolve) => (timer = setTimeout(resolve, timeoutMs))),
-    ]);
-    clearTimeout(timer);
+    this.#closing = true;
+    for (const connection of this.#open) goAway(connection);
+    const settled = (): boolean => this.#open.size === 0 && this.#handshakes.size === 0;
+    if (!settled()) {
+      let timer: NodeJS.Timeout | undefined;
+      await new Promise<void>((resolve) => {
+        this.#onSettled = () => settled() && resolve();
+        timer = setTimeout(resolve, timeoutMs);
+      });
+      clearTimeout(timer);
+      this.#onSettled = undefined;
+    }
     for (const connection of this.#open) {
       connection.client.destroy();
       connection.bridge.destroy();
     }
+    for (const client of this.#handshakes) client.destroy();
   }
 }
 

@@ -157,7 +157,9 @@ interface RawBridge {
   close(): Promise<void>;
 }
 
-async function startRawBridge(options: { silent?: boolean; greeting?: string } = {}): Promise<RawBridge> {
+async function startRawBridge(
+  options: { silent?: boolean; greeting?: string; /** The 101 waits for it. */ holdHandshake?: Promise<void> } = {},
+): Promise<RawBridge> {
   const sockets: Socket[] = [];
   const received = new Map<Socket, Buffer>();
   // allowHalfOpen: the bridge can go on writing after the gateway has ended its side.
@@ -189,7 +191,9 @@ async function startRawBridge(options: { silent?: boolean; greeting?: string } =
         options.greeting === undefined
           ? Buffer.alloc(0)
           : Buffer.concat([Buffer.from([0x81, Buffer.byteLength(options.greeting)]), Buffer.from(options.greeting)]);
-      socket.write(Buffer.concat([handshake, greeting]));
+      if (options.holdHandshake)
+        void options.holdHandshake.then(() => socket.write(Buffer.concat([handshake, greeting])));
+      else socket.write(Buffer.concat([handshake, greeting]));
     });
   });
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
@@ -1045,6 +1049,42 @@ describe('shutdown', () => {
     } finally {
       await down.stop();
       await echoBridge.close();
+    }
+  });
+});
+
+describe('regression: an upgrade in its handshake at shutdown opened after it and never got a 1001', () => {
+  it('is waited for, and closed with 1001 on both sides as soon as it opens', async () => {
+    let answer!: () => void;
+    const raw = await startRawBridge({ holdHandshake: new Promise<void>((resolve) => (answer = resolve)) });
+    const down = await startTestGateway({ limits: LIMITS, env: { ...FAST_ENV, EQT_BRIDGE_URL: raw.url } });
+    try {
+      const opening = open(wsUrl(down, '/ws/orders'), { 'X-API-Key': newKey('handshake') });
+      await waitFor(
+        () => raw.sockets.length === 1 && raw.received.has(raw.sockets[0]!),
+        3000,
+        'the bridge to get the upgrade',
+      );
+      const bridgeSocket = raw.sockets[0]!;
+      const stopping = down.gateway.stop();
+      let stopped = false;
+      void stopping.then(() => (stopped = true));
+      await sleep(300);
+      // stop() waits for the handshake rather than ending with nothing to close.
+      expect(stopped).toBe(false);
+      answer();
+      const { closed } = await opening;
+      expect(await withTimeout(closed, 3000, 'the client to get a Close')).toEqual({
+        code: 1001,
+        reason: 'gateway shutting down',
+      });
+      await waitFor(() => (raw.received.get(bridgeSocket)?.length ?? 0) >= 8, 3000, 'a Close frame at the bridge');
+      expect(maskedCloseCode(raw.received.get(bridgeSocket)!)).toBe(1001);
+      await withTimeout(stopping, 5000, 'stop()');
+    } finally {
+      answer();
+      await down.stop();
+      await raw.close();
     }
   });
 });
