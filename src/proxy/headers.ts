@@ -35,9 +35,25 @@ export const REINTERPRETING = [
   'x-rewrite-url',
 ];
 
+/**
+ * Fields in which some servers read the client's address as one value (nginx's `X-Real-IP` and its
+ * kin). The gateway is the edge (or trusts TRUST_PROXY_HOPS proxies before it), so a client's own
+ * value would be a claim nobody checked: the bridge gets the address the gateway found instead.
+ */
+const CLIENT_ADDRESS_FIELDS = new Set([
+  'x-real-ip',
+  'true-client-ip',
+  'x-client-ip',
+  'x-cluster-client-ip',
+  'cf-connecting-ip',
+  'fastly-client-ip',
+]);
+
 /** Request fields the gateway writes itself (below), whatever the client sent. */
 const REWRITTEN = new Set([
   ...REINTERPRETING,
+  ...CLIENT_ADDRESS_FIELDS,
+  'forwarded',
   'expect',
   'host',
   'content-length',
@@ -132,13 +148,24 @@ export function requestHeaderList(rawHeaders: readonly string[], values: Forward
   const named = connectionTokens(connection);
   let forwardedFor: string | undefined;
   let clientHost = '';
+  // Rare: only when the client sent such fields.
+  let forwarded: string | undefined;
+  let addressFields: Set<string> | undefined;
   for (let i = 0; i < rawHeaders.length; i += 2) {
     const name = rawHeaders[i] as string;
     const value = rawHeaders[i + 1] as string;
     const field = lower(name);
     if (field === 'x-forwarded-for') forwardedFor = forwardedFor === undefined ? value : `${forwardedFor}, ${value}`;
     else if (field === 'host') clientHost ||= value;
-    if (HOP_BY_HOP.has(field) || REWRITTEN.has(field) || values.dropped?.has(field)) continue;
+    if (REWRITTEN.has(field)) {
+      if (field === 'forwarded') forwarded = forwarded === undefined ? value : `${forwarded}, ${value}`;
+      else if (CLIENT_ADDRESS_FIELDS.has(field) && !addressFields?.has(field)) {
+        (addressFields ??= new Set()).add(field);
+        out.push(name, values.clientAddress);
+      }
+      continue;
+    }
+    if (HOP_BY_HOP.has(field) || values.dropped?.has(field)) continue;
     if (field.includes('_') && posesAsControlled(field, values.dropped)) continue;
     if (named.length > 0 && named.includes(field) && !PROTECTED.has(field)) continue;
     out.push(name, value);
@@ -160,7 +187,19 @@ export function requestHeaderList(rawHeaders: readonly string[], values: Forward
     'X-Request-Id',
     values.requestId,
   );
+  // RFC 7239 §4: a proxy appends its element to the client's `Forwarded`, as to `X-Forwarded-For`.
+  if (forwarded !== undefined) out.push('Forwarded', `${forwarded}, ${forwardedElement(values, clientHost)}`);
   return out;
+}
+
+/** This hop's `Forwarded` element (RFC 7239 §4–6): an IPv6 address and a host with a port are quoted. */
+function forwardedElement(values: ForwardHeaderValues, host: string): string {
+  const address = values.clientAddress.includes(':') ? `"[${values.clientAddress}]"` : values.clientAddress;
+  const element = `for=${address};proto=${values.proto}`;
+  if (host === '') return element;
+  return /^[A-Za-z0-9.-]+$/.test(host)
+    ? `${element};host=${host}`
+    : `${element};host="${host.replace(/["\\]/g, '\\$&')}"`;
 }
 
 /** Fields the gateway itself writes on every counted answer (README "Headers and answers"). */

@@ -404,6 +404,17 @@ describe('step 5: forwarding', () => {
     expect(seen.headers['x-request-id']).toBe('client-req-42');
   });
 
+  it('gives the bridge the address it found in X-Real-IP, and appends its own element to Forwarded (regression: a client wrote both)', async () => {
+    const reply = await send(gw.url, {
+      path: '/orders/79',
+      headers: { 'X-API-Key': newKey(), 'X-Real-IP': '203.0.113.50', Forwarded: 'for=203.0.113.51' },
+    });
+    expect(reply.status).toBe(200);
+    const seen = gw.eqt.requests.at(-1)!;
+    expect(seen.headers['x-real-ip']).toBe('127.0.0.1');
+    expect(seen.headers.forwarded).toBe(`for=203.0.113.51, for=127.0.0.1;proto=http;host="127.0.0.1:${gw.port}"`);
+  });
+
   it('forwards exactly the counted path, also when a segment ends in "http:" (regression: the proxy library rewrote it)', async () => {
     for (const path of ['/accounts/http:/balance', '/accounts/https:/balance']) {
       const reply = await get(path, newKey());
