@@ -199,7 +199,12 @@ export class WebSocketProxy {
           // Exactly the path that was counted: http-proxy's own join rewrites "http:/" inside a path.
           bridgeRequest.path = basePath + upgrade.request.target;
           bridgeRequest.once('upgrade', (res: IncomingMessage, bridgeSocket: Socket) => {
-            // http-proxy writes the 101 from res.headers right after this listener.
+            // http-proxy writes the 101 from res.headers right after this listener. With CORS on, the
+            // gateway alone says which origins may read an answer (README "CORS"), as on the HTTP path.
+            if (upgrade.request.ownsCors) {
+              for (const name of Object.keys(res.headers))
+                if (name.startsWith('access-control-')) delete res.headers[name];
+            }
             for (const [name, value] of upgrade.request.answerHeaders) res.headers[name.toLowerCase()] = value;
             upgrade.state = 'open';
             clearTimeout(upgrade.timer);

@@ -158,7 +158,14 @@ interface RawBridge {
 }
 
 async function startRawBridge(
-  options: { silent?: boolean; greeting?: string; /** The 101 waits for it. */ holdHandshake?: Promise<void> } = {},
+  options: {
+    silent?: boolean;
+    greeting?: string;
+    /** The 101 waits for it. */
+    holdHandshake?: Promise<void>;
+    /** Header lines added to the 101, each ending in CRLF. */
+    handshakeFields?: string;
+  } = {},
 ): Promise<RawBridge> {
   const sockets: Socket[] = [];
   const received = new Map<Socket, Buffer>();
@@ -184,7 +191,7 @@ async function startRawBridge(
       upgraded = true;
       received.set(socket, head.subarray(end + 4));
       const handshake = Buffer.from(
-        `HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: ${accept}\r\n\r\n`,
+        `HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\nSec-WebSocket-Accept: ${accept}\r\n${options.handshakeFields ?? ''}\r\n`,
       );
       // A greeting goes out in the same write as the 101, as a market-data bridge sends its snapshot.
       const greeting =
@@ -1141,6 +1148,30 @@ async function accessLine(gw: TestGateway, requestId: unknown): Promise<Record<s
   await waitFor(() => gw.logs.some((l) => l.msg === 'request' && l.reqId === requestId), 3000, 'the access line');
   return gw.logs.find((l) => l.msg === 'request' && l.reqId === requestId)!;
 }
+
+describe("regression: a bridge's Access-Control-* fields passed on the 101 with CORS on", () => {
+  it('gives the client the gateway\'s CORS fields alone, as on the HTTP path (README "CORS")', async () => {
+    const origin = 'https://app.example';
+    const raw = await startRawBridge({
+      handshakeFields:
+        'Access-Control-Allow-Origin: *\r\nAccess-Control-Allow-Credentials: true\r\nX-Bridge-Note: open\r\n',
+    });
+    const cors = await startTestGateway({
+      limits: LIMITS,
+      env: { ...FAST_ENV, CORS_ORIGINS: origin, EQT_BRIDGE_URL: raw.url },
+    });
+    try {
+      const { ws, headers } = await open(wsUrl(cors, '/ws/orders'), { 'X-API-Key': newKey('cors'), Origin: origin });
+      expect(headers['access-control-allow-origin']).toBe(origin);
+      expect(headers['access-control-allow-credentials']).toBeUndefined();
+      expect(headers['x-bridge-note']).toBe('open');
+      ws.terminate();
+    } finally {
+      await raw.close();
+      await cors.stop();
+    }
+  });
+});
 
 describe('a bridge that refuses the upgrade', () => {
   it('has its answer passed to the client with the usage headers, X-Request-Id and the gateway\'s CORS fields, framed anew (regression: "transfer-encoding: chunked" over a de-chunked body, no usage headers)', async () => {
