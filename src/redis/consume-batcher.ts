@@ -177,39 +177,43 @@ export class ConsumeBatcher {
         ? this.#client.oapiConsume(firstKey, ...rest)
         : this.#client.oapiConsumeMany(batch.length, ...keysThenArgs);
     this.#inFlight++;
-    reply.then(
-      (counts) => {
-        this.#answered(alone);
-        // A master taken as away answers again (the ledger then sends the undos held back for it).
-        down?.answered(alone as string);
-        this.#ledger.settled(receipt);
-        this.#sendWhenFree();
-        batch.forEach((pending, i) =>
-          pending.resolve({
-            allowed: counts[i * 3] === 1,
-            hour: counts[i * 3 + 1] as number,
-            day: counts[i * 3 + 2] as number,
-          }),
-        );
-      },
-      (err: unknown) => {
-        this.#answered(alone);
-        // One master's connection failed, or the call that tried a master taken as away failed in
-        // any way, while the Cluster still answers for the others: that master is marked first, so
-        // that the ledger sends no undo there but the one a second that tries it. (A call that tried
-        // it and found its key no counter was answered: the master is back.)
-        let part = false;
-        if (down && gate === 'probe' && notACounter(err)) down.answered(alone as string);
-        else if (down && (gate === 'probe' || toStoreError(err).kind === 'connection'))
-          part = down.failed(alone as string);
-        const failed = this.#ledger.failed(receipt, { keys: batch.map((p) => p.key) }, err);
-        const failure = part
-          ? new StoreUnavailableError(failed.kind, failed.message, { cause: failed.cause, part })
-          : failed;
-        for (const pending of batch) pending.reject(failure);
-        this.#sendWhenFree();
-      },
-    );
+    const failed = (err: unknown): void => {
+      this.#answered(alone);
+      // One master's connection failed, or the call that tried a master taken as away failed in
+      // any way, while the Cluster still answers for the others: that master is marked first, so
+      // that the ledger sends no undo there but the one a second that tries it. (A call that tried
+      // it and found its key no counter was answered: the master is back.)
+      let part = false;
+      if (down && gate === 'probe' && notACounter(err)) down.answered(alone as string);
+      else if (down && (gate === 'probe' || toStoreError(err).kind === 'connection'))
+        part = down.failed(alone as string);
+      const failure = this.#ledger.failed(receipt, { keys: batch.map((p) => p.key) }, err);
+      const typed = part
+        ? new StoreUnavailableError(failure.kind, failure.message, { cause: failure.cause, part })
+        : failure;
+      for (const pending of batch) pending.reject(typed);
+      this.#sendWhenFree();
+    };
+    reply.then((counts) => {
+      // Three counts per counter, or the reply is not this call's (a connection out of step):
+      // whether the call counted is then in doubt, as for a connection lost mid-call.
+      if (!Array.isArray(counts) || counts.length !== batch.length * 3) {
+        failed(new Error('the counting script answered with a reply of another shape'));
+        return;
+      }
+      this.#answered(alone);
+      // A master taken as away answers again (the ledger then sends the undos held back for it).
+      down?.answered(alone as string);
+      this.#ledger.settled(receipt);
+      this.#sendWhenFree();
+      batch.forEach((pending, i) =>
+        pending.resolve({
+          allowed: counts[i * 3] === 1,
+          hour: counts[i * 3 + 1] as number,
+          day: counts[i * 3 + 2] as number,
+        }),
+      );
+    }, failed);
   }
 
   /** A call is no longer out (`alone`: its one counter, without batching). */

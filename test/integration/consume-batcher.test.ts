@@ -212,6 +212,36 @@ describe('ConsumeBatcher: failed calls', () => {
     quick.disconnect();
   });
 
+  it('regression: a reply of another shape threw a TypeError and left its requests unanswered; it is a store error, and the call is in doubt', async () => {
+    // The real script runs and counts; its client is handed another reply, as on a connection out of step.
+    type WithConsume = RedisClient & { oapiConsume(...args: Array<string | number>): Promise<number[]> };
+    const outOfStep = new Proxy(c as WithConsume, {
+      get(target, property) {
+        if (property === 'oapiConsume')
+          return (...args: Array<string | number>) => target.oapiConsume(...args).then(() => null);
+        const value: unknown = Reflect.get(target, property, target);
+        return typeof value === 'function' ? (value as (...a: unknown[]) => unknown).bind(target) : value;
+      },
+    });
+    const shapeLedger = new ReceiptLedger(c);
+    const batcher = new ConsumeBatcher(outOfStep, shapeLedger);
+    const result = await Promise.race([
+      batcher.consume('shape-a', request()).then(
+        () => 'resolved',
+        (err: unknown) => err,
+      ),
+      new Promise((resolve) => setTimeout(() => resolve('no answer'), 2000)),
+    ]);
+    expect(result).toMatchObject({ name: 'StoreUnavailableError', kind: 'connection' });
+    expect(shapeLedger.inDoubt).toBe(1);
+    const deadline = Date.now() + 3000;
+    while (shapeLedger.inDoubt > 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+    expect(shapeLedger.inDoubt).toBe(0);
+    // It had counted: its units were taken back.
+    expect(await inspect.hmget('shape-a', 'hc', 'dc')).toEqual(['0', '0']);
+    shapeLedger.close();
+  });
+
   it('takes back the units of every call in doubt, however many went out behind a stalled Redis (regression: a counter kept only 8 receipts, and the calls of a longer stall stayed counted)', async () => {
     const quick = await connectedClient(own.url, 100);
     const quickLedger = new ReceiptLedger(quick);
