@@ -462,6 +462,16 @@ describe('headers that would let a bridge reinterpret a counted request', () => 
     expect(received?.headers['x-kept']).toBe('yes');
     for (const name of overrides) expect(received?.headers[name.toLowerCase()], name).toBeUndefined();
   });
+
+  it('include the _method query parameter, in every spelling, the other parameters byte for byte (regression: ?_method=DELETE reached the bridge)', async () => {
+    const reply = await send(gw.url, {
+      path: '/symbols?a=1&_method=DELETE&b=%2F&%5Fmethod=PUT&_method&c',
+      headers: { 'X-API-Key': newKey() },
+      agent: false,
+    });
+    expect(reply.status).toBe(200);
+    expect(gw.eqt.requests.at(-1)?.url).toBe('/symbols?a=1&b=%2F&c');
+  });
 });
 
 describe('requests Node would answer on its own', () => {

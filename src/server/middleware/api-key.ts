@@ -108,16 +108,21 @@ export function apiKeyFromQuery(target: string): string | undefined {
 }
 
 /**
- * The query string without `api_key`, on every route (README "Forwarding": the bridge never
- * receives the client's key); the other parameters stay byte for byte.
+ * Query parameters never forwarded: `api_key` (README "Forwarding": the bridge never receives the
+ * client's key), and `_method`, with which some frameworks (Symfony, Laravel) let a POST act as
+ * another method than the one counted, as the override headers do (proxy/headers.ts).
  */
-export function withoutApiKey(query: string): string {
-  // A name that decodes to `api_key` is spelt so, or holds an escape: any other query goes as it came.
-  if (query.length <= 1 || (!query.includes('api_key') && !query.includes('%'))) return query;
+const NOT_FORWARDED_PARAMS: ReadonlySet<string> = new Set(['api_key', '_method']);
+
+/** The query string the bridge receives: without the parameters above; the others stay byte for byte. */
+export function forwardedQuery(query: string): string {
+  // A name that decodes to one of them is spelt so, or holds an escape: any other query goes as it came.
+  if (query.length <= 1 || (!query.includes('api_key') && !query.includes('_method') && !query.includes('%')))
+    return query;
   // Each part's name decoded as URLSearchParams decodes it, so that every spelling apiKeyFromQuery accepts is removed.
   const kept = query
     .slice(1)
     .split('&')
-    .filter((part) => new URLSearchParams(part).keys().next().value !== 'api_key');
+    .filter((part) => !NOT_FORWARDED_PARAMS.has(new URLSearchParams(part).keys().next().value ?? ''));
   return kept.length ? '?' + kept.join('&') : '';
 }

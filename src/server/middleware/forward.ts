@@ -7,7 +7,7 @@ import type { WebSocketConnections } from '../../ws/connections.js';
 import { answer } from '../answers.js';
 import type { Step } from '../chain.js';
 import type { Forwarded, GatewayEnv, UpgradeBinding } from '../context.js';
-import { withoutApiKey } from './api-key.js';
+import { forwardedQuery } from './api-key.js';
 
 /**
  * Step 5 of README "A request, step by step": forward to the bridge, which answers the client directly. A
@@ -49,7 +49,7 @@ export function forward(options: ForwardOptions): Step {
         socket: upgrade.socket,
         head: upgrade.head,
         bridge: endpoint.bridge,
-        target: endpoint.path + withoutApiKey(endpoint.query),
+        target: endpoint.path + forwardedQuery(endpoint.query),
         requestId,
         clientAddress: c.get('clientAddress'),
         answerHeaders: [...usageHeaders, ['X-Request-Id', requestId]],
@@ -83,7 +83,7 @@ export function forward(options: ForwardOptions): Step {
         incoming,
         outgoing: c.env.outgoing,
         bridge: endpoint.bridge,
-        target: endpoint.path + withoutApiKey(endpoint.query),
+        target: endpoint.path + forwardedQuery(endpoint.query),
         body: c.get('body'),
         maxBodyBytes,
         requestId: c.get('requestId'),
