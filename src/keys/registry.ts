@@ -74,6 +74,7 @@ export class KeyRegistry {
   /** The issued keys were read from the store at least once (until then an unknown key may be one of them). */
   #loaded = false;
   readonly #onError: (err: unknown) => void;
+  readonly #refreshed: Array<() => void> = [];
 
   constructor(store: IssuedKeyStore, onError: (err: unknown) => void = () => {}) {
     this.#store = store;
@@ -135,6 +136,23 @@ export class KeyRegistry {
     return new Set([...this.#issued.values()].map((k) => k.id));
   }
 
+  /**
+   * Ids both the key file and the admin API gave a key: possible only when the issued keys were read
+   * after the file (Redis away at start-up, or another instance issued the id), sorted.
+   */
+  idsOfBoth(): string[] {
+    const issued = this.issuedIds();
+    return [...this.#fileKeys.values()]
+      .map((k) => k.id)
+      .filter((id) => issued.has(id))
+      .sort();
+  }
+
+  /** Calls `listener` after each reload of the admin-issued keys. */
+  onRefreshed(listener: () => void): void {
+    this.#refreshed.push(listener);
+  }
+
   list(): KeyRecord[] {
     return [...this.#fileKeys.values(), ...this.#issued.values()].sort((a, b) => a.id.localeCompare(b.id));
   }
@@ -155,6 +173,7 @@ export class KeyRegistry {
       } finally {
         this.#refreshing = undefined;
       }
+      for (const listener of this.#refreshed) listener();
     })();
     return this.#refreshing;
   }

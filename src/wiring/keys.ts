@@ -56,6 +56,15 @@ export async function assembleKeys(
   await keyFile.first();
   const reloadKeyFile = keyFile.reload;
 
+  // An issued key read after the key file (Redis was away at start-up, or another instance issued
+  // the id) may take the id of one of its entries: the file is read again and refused, saying so,
+  // once per such set of ids (README "API keys and plans").
+  let takenIds = registry.idsOfBoth().join(',');
+  registry.onRefreshed(() => {
+    const taken = registry.idsOfBoth().join(',');
+    if (taken !== takenIds && taken !== '') void reloadKeyFile();
+    takenIds = taken;
+  });
   registry.startPolling(ISSUED_KEYS_POLL_MS);
   // Keys that could not be read at start-up (docs/operations.md "Redis") are read as soon as Redis is back.
   backend.onConnected(() => void registry.refresh().catch(() => {}));

@@ -464,6 +464,46 @@ describe('a key file entry with the id of a key issued through the admin API', (
   });
 });
 
+describe('regression: an issued id read after the key file, that an entry of the file takes, was not told until the file changed', () => {
+  it('has the instance read its key file again and log the refusal with the entry, once', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'oapi-keys-later-'));
+    const keysPath = join(dir, 'api-keys.yaml');
+    writeFileSync(keysPath, keyFile(`  - id: shared-id\n    sha256: ${sha('file-shared-key-0123456789')}\n`));
+    const env = { API_KEY_MODE: 'registered', API_KEYS_FILE: keysPath, INVALID_KEY_MAX_ATTEMPTS: '10000' };
+    const first = await startTestGateway({ limits: LIMITS, dir, env });
+    // Another instance, whose key file has no such entry, issues the id.
+    const otherDir = mkdtempSync(join(tmpdir(), 'oapi-keys-other-'));
+    const other = await startTestGateway({
+      limits: LIMITS,
+      dir: otherDir,
+      env: { API_KEY_MODE: 'registered' },
+      prefix: first.prefix,
+      bridges: first,
+    });
+    const refusals = () => first.logs.filter((l) => l.msg === 'key file refused; the keys in force stay');
+    try {
+      // Past the key-file watch's first look and its polls: nothing but the issued key can make it read the file again.
+      await new Promise((r) => setTimeout(r, 600));
+      expect(refusals()).toEqual([]);
+      expect((await issue(other, 'shared-id')).status).toBe(201);
+      const deadline = Date.now() + 5000;
+      while (refusals().length === 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 50));
+      expect(refusals().map((l) => l.errors)).toEqual([
+        [`${keysPath}:7:9: row 3 (shared-id): id "shared-id" is taken by a key issued through the admin API`],
+      ]);
+      // Told once: the next reloads of the issued keys (another key issued) find the same id.
+      expect((await issue(other, 'another-id')).status).toBe(201);
+      await new Promise((r) => setTimeout(r, 1200));
+      expect(refusals()).toHaveLength(1);
+    } finally {
+      await other.stop();
+      await first.stop();
+      rmSync(dir, { recursive: true, force: true });
+      rmSync(otherDir, { recursive: true, force: true });
+    }
+  });
+});
+
 describe('API_KEY_MODE=any', () => {
   it('lets every non-empty key be its own bucket, and still applies an issued key its plan', async () => {
     const gw = await startTestGateway({ limits: LIMITS, env: { API_KEY_MODE: 'any' } });
