@@ -204,7 +204,9 @@ describe('the Prometheus alert rules', () => {
     const uses = (pattern: RegExp): boolean => rules.some((r) => pattern.test(r.expr));
     expect(uses(/oapi_gateway_store_(errors|fallbacks)_total/)).toBe(true);
     expect(uses(/oapi_gateway_refusals_total\{shadow="false"\}/)).toBe(true);
-    expect(uses(/oapi_gateway_requests_total\{status=~"502\|504"\}/)).toBe(true);
+    // The gateway's own 502/504 only (regression: a bridge's own 502/504 counted too).
+    expect(uses(/oapi_gateway_own_answers_total\{reason=~"bridge-unreachable\|bridge-timeout"\}/)).toBe(true);
+    expect(uses(/status=~"502\|504"/)).toBe(false);
     expect(uses(/oapi_gateway_limits_reloads_total\{result="invalid"\}/)).toBe(true);
     // increase() misses a series' first event: the refused-reload series must exist before any reload is refused.
     expect(metrics.labels.get('oapi_gateway_limits_reloads_total')).toContain('result');
