@@ -6,7 +6,7 @@ import net from 'node:net';
  * command reached Redis and ran, but its client never hears the answer (what a Redis killed
  * between executing a command and writing its reply looks like to the client). While
  * `delayRepliesMs` is above 0, every answer reaches its client that much later, in order (a slow
- * Redis that still answers).
+ * Redis that still answers; once it is lowered, no answer overtakes one still delayed).
  */
 export interface RedisProxy {
   readonly url: string;
@@ -57,6 +57,9 @@ export async function startRedisProxy(redisPort: number): Promise<RedisProxy> {
     let failed = false;
     /** What this connection sends while a command of it is held, in order. */
     let held: Buffer[] | undefined;
+    /** Delayed replies, written in order, and how many are still to be written. */
+    let replies = Promise.resolve();
+    let delayed = 0;
     for (const s of [client, upstream]) {
       sockets.add(s);
       s.on('close', () => sockets.delete(s));
@@ -106,8 +109,24 @@ export async function startRedisProxy(redisPort: number): Promise<RedisProxy> {
         return;
       }
       countIn(chunk, state.replyMarkers);
-      if (state.delayRepliesMs > 0) setTimeout(() => client.write(chunk), state.delayRepliesMs);
-      else client.write(chunk);
+      // Never before a reply still being delayed: lowering the delay (to 0 at a test's end) would
+      // let a later reply overtake it, and the client would take it for the answer to another command.
+      if (state.delayRepliesMs <= 0 && delayed === 0) return void client.write(chunk);
+      const due = performance.now() + state.delayRepliesMs;
+      delayed++;
+      replies = replies.then(
+        () =>
+          new Promise<void>((resolve) =>
+            setTimeout(
+              () => {
+                delayed--;
+                client.write(chunk);
+                resolve();
+              },
+              Math.max(0, due - performance.now()),
+            ),
+          ),
+      );
     });
   });
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
