@@ -15,8 +15,9 @@
  * - A streamed body over MAX_BODY_BYTES: 413 before the answer began, else a cut.
  * - Body bytes on a request whose headers announce none: the client connection is closed (its
  *   framing was not the gateway's; docs/operations.md "Hostile clients").
- * - A body that has not all come within REQUEST_TIMEOUT_MS (lib/client-timeout.ts): 408, and
- *   what the bridge has of it is dropped.
+ * - A body that has not all come within REQUEST_TIMEOUT_MS, or that Node's parser failed on
+ *   (lib/client-failure.ts): the answer the HTTP layer marked the request with (408, 400, 413),
+ *   and what the bridge has of it is dropped.
  */
 
 export type Phase =
@@ -35,8 +36,8 @@ export type Phase =
   | 'unreachable'
   /** 413 */
   | 'too-large'
-  /** 408: the client's body did not come in time. */
-  | 'client-timeout'
+  /** The client's body did not come in time, or was malformed: the answer to that (408, 400, 413). */
+  | 'client-failed'
   /** The client's connection was closed mid-exchange (a broken or stalled bridge, untrusted framing). */
   | 'cut'
   /** The client left first (logged as 499). */
@@ -61,8 +62,8 @@ export type ExchangeEvent =
   | { readonly type: 'bridge-error'; readonly resendable: boolean }
   | { readonly type: 'body-too-large' }
   | { readonly type: 'framing-mismatch' }
-  /** The HTTP layer's REQUEST_TIMEOUT_MS passed before the client's body was all here. */
-  | { readonly type: 'client-timeout' }
+  /** Node's parser failed on the client's body, or REQUEST_TIMEOUT_MS passed before it was all here. */
+  | { readonly type: 'client-failed' }
   | { readonly type: 'client-gone' };
 
 /** What is known of an attempt that failed before its answer, for the one resend. */
@@ -109,7 +110,8 @@ export type ExchangeAction =
   | 'answer-502'
   | 'answer-504'
   | 'answer-413'
-  | 'answer-408'
+  /** The answer the HTTP layer marked the request with (lib/client-failure.ts). */
+  | 'answer-client-failure'
   /** Stop reading the client's body. */
   | 'stop-reading'
   /** Destroy the client's connection. */
@@ -126,7 +128,7 @@ const ENDED_PHASES: readonly Phase[] = [
   'timed-out',
   'unreachable',
   'too-large',
-  'client-timeout',
+  'client-failed',
   'cut',
   'client-gone',
 ];
@@ -158,7 +160,12 @@ const UNREACHABLE: readonly ExchangeAction[] = ['clear-timer', 'abort-bridge', '
 const TOO_LARGE_CUT: readonly ExchangeAction[] = ['clear-timer', 'stop-reading', 'abort-bridge', 'close-client'];
 const TOO_LARGE: readonly ExchangeAction[] = ['clear-timer', 'stop-reading', 'abort-bridge', 'answer-413'];
 const MISMATCH: readonly ExchangeAction[] = ['clear-timer', 'stop-reading', 'abort-bridge', 'close-client'];
-const CLIENT_TIMED_OUT: readonly ExchangeAction[] = ['clear-timer', 'stop-reading', 'abort-bridge', 'answer-408'];
+const CLIENT_FAILED: readonly ExchangeAction[] = [
+  'clear-timer',
+  'stop-reading',
+  'abort-bridge',
+  'answer-client-failure',
+];
 const GONE: readonly ExchangeAction[] = ['clear-timer', 'abort-bridge'];
 
 const stay = (state: ExchangeState, actions: readonly ExchangeAction[] = NOTHING): Transition => ({ state, actions });
@@ -198,9 +205,9 @@ export function step(state: ExchangeState, event: ExchangeEvent): Transition {
       return answered ? to(state, 'cut', TOO_LARGE_CUT) : to(state, 'too-large', TOO_LARGE);
     case 'framing-mismatch':
       return to(state, 'cut', MISMATCH);
-    case 'client-timeout':
+    case 'client-failed':
       // The HTTP layer tells only of a request with no answer begun; after one, nothing is left but a cut.
-      return answered ? to(state, 'cut', MISMATCH) : to(state, 'client-timeout', CLIENT_TIMED_OUT);
+      return answered ? to(state, 'cut', MISMATCH) : to(state, 'client-failed', CLIENT_FAILED);
     case 'client-gone':
       return to(state, 'client-gone', GONE);
   }

@@ -7,7 +7,7 @@ import Pool from 'undici/lib/dispatcher/pool.js';
 import { BRIDGES, type BridgeName } from '../config/settings.js';
 import type { HeaderList } from '../lib/header-list.js';
 import { writeAnswer, type Reason } from '../lib/answers.js';
-import { CLIENT_TIMEOUT, CLIENT_TIMEOUT_ANSWER } from '../lib/client-timeout.js';
+import { CLIENT_FAILED, clientFailure } from '../lib/client-failure.js';
 import {
   START,
   isEnded,
@@ -56,7 +56,7 @@ export interface ForwardRequest {
 export interface ForwardResult {
   /** What the client got (499: it left first). */
   readonly status: number;
-  /** Why, when the forwarder answered itself (502, 504, 413, 408). */
+  /** Why, when the forwarder answered itself (502, 504, 413, or a client failure's 408, 400, 413). */
   readonly reason?: Reason | undefined;
   /** Milliseconds until the bridge's status line (absent when it never came). */
   readonly upstreamMs: number | undefined;
@@ -300,8 +300,8 @@ class HttpExchange {
     }
     outgoing.once('close', this.#onClientClose);
     this.#timer = setTimeout(this.#onTimer, this.#timeoutMs);
-    // Only a body still on its way can time out (lib/client-timeout.ts).
-    if (this.#source !== 'none' && !incoming.complete) incoming.once(CLIENT_TIMEOUT, this.#onClientTimeout);
+    // Only a body still on its way can fail (lib/client-failure.ts).
+    if (this.#source !== 'none' && !incoming.complete) incoming.once(CLIENT_FAILED, this.#onClientFailure);
     if (this.#source === 'gathered') {
       // Sent once it is all here: until then any wait is the client's (the 'timer' event's rules).
       incoming.on('data', this.#onGatheredData);
@@ -390,9 +390,10 @@ class HttpExchange {
           ['Connection', 'close'],
         ]);
         return;
-      case 'answer-408': {
-        const [status, reason, message] = CLIENT_TIMEOUT_ANSWER;
-        this.#answer(reason, status, message, [['Connection', 'close']]);
+      case 'answer-client-failure': {
+        // The answer the HTTP layer marked the request with, in this request's name (lib/client-failure.ts).
+        const failure = clientFailure(this.#request.incoming);
+        if (failure) this.#answer(failure[1], failure[0], failure[2], [['Connection', 'close']]);
         return;
       }
       case 'stop-reading': {
@@ -519,8 +520,8 @@ class HttpExchange {
     this.#dispatch({ type: 'framing-mismatch' });
   };
 
-  readonly #onClientTimeout = (): void => {
-    this.#dispatch({ type: 'client-timeout' });
+  readonly #onClientFailure = (): void => {
+    this.#dispatch({ type: 'client-failed' });
   };
 
   readonly #onClientClose = (): void => {

@@ -7,7 +7,7 @@ import type { Settings } from '../config/settings.js';
 import { accessLogWriter, type Logger } from '../observability/logger.js';
 import { UNMATCHED, type GatewayMetrics } from '../observability/metrics.js';
 import { clientErrorAnswer, errorBody, rawAnswer, writeAnswer, type Reason } from '../lib/answers.js';
-import { markClientTimeout } from '../lib/client-timeout.js';
+import { markClientFailure, type ClientFailure } from '../lib/client-failure.js';
 import type { HeaderList } from '../lib/header-list.js';
 import type { GatewayEnv } from './context.js';
 import { corsFields } from './middleware/cors.js';
@@ -27,7 +27,8 @@ import { endAndLinger, LINGER_MS } from '../lib/linger.js';
  * and `Vary: Origin` alone when it is not (the parser failed before the head was whole), as any
  * other answer while CORS is on. Each has an access line with its reason and counts in the metrics, like any
  * other answer the gateway writes itself (docs/operations.md "Logs"). A request the app is already
- * serving when REQUEST_TIMEOUT_MS passes gets its 408 from the app instead (lib/client-timeout.ts).
+ * serving when the parser fails on its body (malformed, or not all come within REQUEST_TIMEOUT_MS)
+ * gets that answer from the app instead, in its own name (lib/client-failure.ts).
  *
  * Pipelined requests keep their answers: when the parser fails on a request that follows others
  * still being answered, those get their answers first and the refusal comes after them
@@ -258,7 +259,8 @@ function clientErrorHandler(
       socket.destroy();
       return;
     }
-    const [status, reason, message] = clientErrorAnswer(err.code);
+    const answer = clientErrorAnswer(err.code);
+    const [status, reason, message] = answer;
     logger.debug({ code: err.code, status }, 'client error');
     const refuse = (req?: IncomingMessage): void => refusals.linger(socket, status, reason, message, req);
     const pending = order.pending(socket);
@@ -270,9 +272,9 @@ function clientErrorHandler(
       // An answer has begun: the gate's refusal of this very request is on its way and closes the connection.
       else if (broken.res.headersSent) {
         if (!broken.res.writableEnded) socket.destroy();
-      } else if (err.code === REQUEST_TIMEOUT) appAnswersTimeout(broken);
-      // Served with no answer begun: refused now.
-      else refuse(broken.req);
+      }
+      // Served with no answer begun: the app answers, in the request's name.
+      else appAnswersFailure(broken, answer);
       return;
     }
     if (broken) order.dropFrom(socket, broken);
@@ -285,18 +287,16 @@ function clientErrorHandler(
   };
 }
 
-/** Node's code for a request past `headersTimeout` or `requestTimeout`. */
-const REQUEST_TIMEOUT = 'ERR_HTTP_REQUEST_TIMEOUT';
-
 /**
- * The app is serving a request whose body stopped coming: the 408 is the app's answer, with the
- * request's id, usage headers and its one access line (docs/operations.md "Logs"), written by
- * whoever reads the body or by the body step once an earlier step is done waiting
- * (lib/client-timeout.ts). The answer says `Connection: close`; should none be complete within
- * LINGER_MS, the connection is closed all the same, as after a refusal of this level.
+ * The app is serving a request whose body the parser failed on (malformed, or stopped coming):
+ * the answer this level would have written (clientErrorAnswer) is the app's, with the request's
+ * id, usage headers and its one access line (docs/operations.md "Logs"), written by whoever reads
+ * the body or by the body step once an earlier step is done waiting (lib/client-failure.ts). The
+ * answer says `Connection: close`; should none be complete within LINGER_MS, the connection is
+ * closed all the same, as after a refusal of this level.
  */
-function appAnswersTimeout({ req, res }: Exchange): void {
-  markClientTimeout(req);
+function appAnswersFailure({ req, res }: Exchange, failure: ClientFailure): void {
+  markClientFailure(req, failure);
   setTimeout(() => {
     if (!res.writableFinished) req.socket.destroy();
   }, LINGER_MS).unref();

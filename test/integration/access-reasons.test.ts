@@ -4,7 +4,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startTestGateway, type TestGateway } from '../helpers/gateway.js';
 import { rawExchange, send, type Reply } from '../helpers/http.js';
 import { metricValue } from '../helpers/faults.js';
-import { refusingPort, startRedisServer, type RedisProcess } from '../helpers/redis.js';
+import { REDIS_URL, refusingPort, startRedisServer, type RedisProcess } from '../helpers/redis.js';
 import { startRedisProxy, type RedisProxy } from '../helpers/redis-proxy.js';
 
 /**
@@ -277,6 +277,97 @@ describe('a body that stops coming while the app serves its request', () => {
   );
 });
 
+/**
+ * Writes `parts` one after the other, `gapMs` apart (so each later part comes in a read of its own,
+ * after the request is served), and reads until the server closes or `timeoutMs`.
+ */
+function rawInParts(port: number, parts: readonly string[], gapMs: number, timeoutMs = 5000): Promise<string> {
+  return new Promise((resolve) => {
+    const socket = net.connect(port, '127.0.0.1');
+    let data = '';
+    const timer = setTimeout(() => socket.destroy(), timeoutMs);
+    socket.on('data', (chunk: Buffer) => (data += chunk.toString('latin1')));
+    socket.on('error', () => {});
+    socket.on('close', () => {
+      clearTimeout(timer);
+      resolve(data);
+    });
+    parts.forEach((part, i) => setTimeout(() => socket.writable && socket.write(part), i * gapMs));
+  });
+}
+
+describe('regression: a malformed body of a request the app serves was answered by the HTTP layer', () => {
+  let gw: TestGateway;
+  beforeAll(async () => {
+    gw = await startTestGateway({ limits: LIMITS });
+  });
+  afterAll(async () => {
+    await gw?.stop();
+  });
+
+  const requestLines = (id: string) => gw.logs.filter((l) => l.msg === 'request' && l.reqId === id);
+  const counts = async (endpoint: string, status: number, reason: string) => ({
+    own: await metricValue(gw, 'oapi_gateway_own_answers_total', { endpoint, reason }),
+    requests: await metricValue(gw, 'oapi_gateway_requests_total', { endpoint, status: String(status) }),
+    unmatched: await metricValue(gw, 'oapi_gateway_requests_total', { endpoint: 'unmatched', status: String(status) }),
+  });
+
+  // The HTTP layer wrote the parser's answer itself (a new request id, no usage headers, an
+  // "unmatched" line) while the app went on serving the request, which then had a line of its own
+  // (400 credentials, or 499 from the bridge) for an answer the client never got. The request's
+  // head and first chunk come in one read; the chunk Node's parser fails on comes in a later one.
+  const malformed = [400, 'bad-request', { error: 'Bad Request', message: 'Malformed HTTP request' }] as const;
+  it.each([
+    ['an invalid chunk size in a credentials body', CREDENTIALS, 'POST /auth/token', 'zz\r\n', malformed],
+    ['an invalid chunk size in a body streamed to the bridge', '/orders', 'POST /orders', 'zz\r\n', malformed],
+    [
+      'a bad chunk extension in a body streamed to the bridge',
+      '/orders',
+      'POST /orders',
+      '4;a\x01\r\nabcd\r\n',
+      malformed,
+    ],
+    [
+      'chunk extensions over 16 KiB in a body streamed to the bridge',
+      '/orders',
+      'POST /orders',
+      `4;${'a'.repeat(20_000)}\r\n`,
+      [413, 'body-size', { error: 'Content Too Large', message: 'Chunk extensions are too large' }] as const,
+    ],
+  ] as const)(
+    '%s: its own answer with its id and usage headers, one access line, counted once',
+    async (what, path, endpoint, broken, [status, reason, body]) => {
+      const id = `broken-body-${what.length}-${Date.now()}`;
+      const before = await counts(endpoint, status, reason);
+      const answer = await rawInParts(
+        gw.port,
+        [
+          `POST ${path} HTTP/1.1\r\nHost: x\r\nX-API-Key: broken-body\r\nX-Request-Id: ${id}\r\n` +
+            `Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n{"use\r\n`,
+          broken,
+        ],
+        200,
+      );
+      expect(answer.startsWith(`HTTP/1.1 ${status} `), answer).toBe(true);
+      expect(answer.match(/HTTP\/1\.1 /g)).toHaveLength(1);
+      expect(answer).toContain(`\r\nX-Request-Id: ${id}\r\n`);
+      expect(answer).toMatch(/\r\nX-RateLimit-Remaining-Hour: \d+\r\n/);
+      expect(answer).toMatch(/\r\nConnection: close\r\n/i);
+      expect(answer.slice(answer.indexOf('\r\n\r\n') + 4)).toBe(JSON.stringify(body));
+      for (let i = 0; i < 40 && requestLines(id).length === 0; i++) await new Promise((r) => setTimeout(r, 25));
+      // Long enough for a second line to show (the log is written at least every 100 ms).
+      await new Promise((r) => setTimeout(r, 300));
+      const lines = requestLines(id);
+      expect(lines).toHaveLength(1);
+      expect(lines[0]).toMatchObject({ status, reason, endpoint, limit: 'allowed' });
+      // Answered by the forwarder, which was sending the body on, or by the credentials reader.
+      expect(lines[0]?.bridge).toBe(path === '/orders' ? 'eqt' : undefined);
+      const after = await counts(endpoint, status, reason);
+      expect(after).toEqual({ own: before.own + 1, requests: before.requests + 1, unmatched: before.unmatched });
+    },
+  );
+});
+
 describe('answers about the parts behind the gateway', () => {
   let redis: RedisProcess;
   let closed: TestGateway;
@@ -380,5 +471,65 @@ limits:
     expect(line).toMatchObject({ status: 499 });
     expect(line?.reason).toBeUndefined();
     expect(gw.logs.filter((l) => l.msg === 'request' && l.reqId === id)).toHaveLength(1);
+  }, 15_000);
+});
+
+describe('regression: a malformed body of a request waiting on Redis was answered by the HTTP layer', () => {
+  let proxy: RedisProxy;
+  let gw: TestGateway;
+  beforeAll(async () => {
+    // Only this test's connections pass the proxy: slowing them slows no one else on the shared Redis.
+    proxy = await startRedisProxy(Number(new URL(REDIS_URL).port || 6379));
+    gw = await startTestGateway({ limits: LIMITS, redis: proxy.url, env: { REDIS_TIMEOUT_MS: '5000' } });
+  });
+  afterAll(async () => {
+    await gw?.stop();
+    await proxy?.close();
+  });
+
+  const requestLines = (id: string) => gw.logs.filter((l) => l.msg === 'request' && l.reqId === id);
+  /** A streamed body whose second chunk Node's parser fails on, 150 ms after the head, while the counting waits. */
+  const brokenWhileCounting = (id: string, delayMs: number): Promise<string> => {
+    proxy.delayRepliesMs = delayMs;
+    return rawInParts(
+      gw.port,
+      [
+        `POST /orders HTTP/1.1\r\nHost: x\r\nX-API-Key: counting-${id}\r\nX-Request-Id: ${id}\r\n` +
+          `Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n`,
+        'zz\r\n',
+      ],
+      150,
+      6000,
+    ).finally(() => (proxy.delayRepliesMs = 0));
+  };
+  const settledLines = async (id: string) => {
+    for (let i = 0; i < 40 && requestLines(id).length === 0; i++) await new Promise((r) => setTimeout(r, 100));
+    await new Promise((r) => setTimeout(r, 300));
+    return requestLines(id);
+  };
+
+  it('the body step answers it in the request’s name once the counting is done', async () => {
+    const id = `counting-${Date.now()}`;
+    const answer = await brokenWhileCounting(id, 600);
+    expect(answer.startsWith('HTTP/1.1 400 '), answer).toBe(true);
+    expect(answer.match(/HTTP\/1\.1 /g)).toHaveLength(1);
+    expect(answer).toContain(`\r\nX-Request-Id: ${id}\r\n`);
+    expect(answer).toMatch(/\r\nX-RateLimit-Remaining-Hour: \d+\r\n/);
+    expect(answer.slice(answer.indexOf('\r\n\r\n') + 4)).toBe(
+      JSON.stringify({ error: 'Bad Request', message: 'Malformed HTTP request' }),
+    );
+    const lines = await settledLines(id);
+    expect(lines).toHaveLength(1);
+    expect(lines[0]).toMatchObject({ status: 400, reason: 'bad-request', endpoint: 'POST /orders', limit: 'allowed' });
+    expect(lines[0]?.bridge).toBeUndefined();
+  });
+
+  it('logs a 499 without a reason when the counting outlasted the 2 s the connection is given after the failure', async () => {
+    const id = `gone-broken-${Date.now()}`;
+    expect(await brokenWhileCounting(id, 2800)).toBe('');
+    const lines = await settledLines(id);
+    expect(lines).toHaveLength(1);
+    expect(lines[0]).toMatchObject({ status: 499, endpoint: 'POST /orders' });
+    expect(lines[0]?.reason).toBeUndefined();
   }, 15_000);
 });

@@ -2,7 +2,8 @@ import { IncomingMessage } from 'node:http';
 import { Socket } from 'node:net';
 import { Hono } from 'hono';
 import { describe, expect, it } from 'vitest';
-import { markClientTimeout } from '../../src/lib/client-timeout.js';
+import { clientErrorAnswer } from '../../src/lib/answers.js';
+import { markClientFailure } from '../../src/lib/client-failure.js';
 import type { GatewayEnv } from '../../src/server/context.js';
 import { bodyRules, credentialsProblem, isJsonMediaType } from '../../src/server/middleware/body.js';
 
@@ -69,24 +70,36 @@ describe('credentialsProblem', () => {
   });
 });
 
-describe('bodyRules on a request the HTTP layer marked as timed out', () => {
-  // The mark came while an earlier step waited (on Redis): the body step answers the 408 itself.
-  it('answers 408 client-timeout with Connection: close before looking at the body', async () => {
-    const incoming = new IncomingMessage(new Socket());
-    markClientTimeout(incoming);
-    const app = new Hono<GatewayEnv>();
-    const step = bodyRules({ maxBodyBytes: 10, credentialRoutes: new Set() });
-    let forwarded = false;
-    app.post('*', (c) =>
-      step(c, () => {
-        forwarded = true;
-        return Promise.resolve(c.body(null, 200));
-      }),
-    );
-    const reply = await app.request('/orders', { method: 'POST', body: 'x' }, { incoming });
-    expect(reply.status).toBe(408);
-    expect(reply.headers.get('connection')).toBe('close');
-    expect(await reply.json()).toEqual({ error: 'Request Timeout', message: 'Request took too long to arrive' });
-    expect(forwarded).toBe(false);
-  });
+describe('bodyRules on a request the HTTP layer marked with a parser failure', () => {
+  // The mark came while an earlier step waited (on Redis): the body step answers it itself.
+  it.each([
+    [
+      'a body that stopped coming',
+      'ERR_HTTP_REQUEST_TIMEOUT',
+      408,
+      'Request Timeout',
+      'Request took too long to arrive',
+    ],
+    ['a malformed chunk', 'HPE_INVALID_CHUNK_SIZE', 400, 'Bad Request', 'Malformed HTTP request'],
+  ] as const)(
+    '%s: answers %s as %i with Connection: close before looking at the body',
+    async (_what, code, status, error, message) => {
+      const incoming = new IncomingMessage(new Socket());
+      markClientFailure(incoming, clientErrorAnswer(code));
+      const app = new Hono<GatewayEnv>();
+      const step = bodyRules({ maxBodyBytes: 10, credentialRoutes: new Set() });
+      let forwarded = false;
+      app.post('*', (c) =>
+        step(c, () => {
+          forwarded = true;
+          return Promise.resolve(c.body(null, 200));
+        }),
+      );
+      const reply = await app.request('/orders', { method: 'POST', body: 'x' }, { incoming });
+      expect(reply.status).toBe(status);
+      expect(reply.headers.get('connection')).toBe('close');
+      expect(await reply.json()).toEqual({ error, message });
+      expect(forwarded).toBe(false);
+    },
+  );
 });

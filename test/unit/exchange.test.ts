@@ -157,14 +157,14 @@ describe('the client', () => {
     }
   });
 
-  it('whose body has not all come within REQUEST_TIMEOUT_MS gets 408, and the bridge request is aborted', () => {
+  it('whose body the parser failed on (malformed, or not all come within REQUEST_TIMEOUT_MS) gets the answer to that, and the bridge request is aborted', () => {
     for (const phase of ['sending', 'waiting'] as const) {
-      expect(step(at(phase), { type: 'client-timeout' })).toEqual({
-        state: at('client-timeout'),
-        actions: ['clear-timer', 'stop-reading', 'abort-bridge', 'answer-408'],
+      expect(step(at(phase), { type: 'client-failed' })).toEqual({
+        state: at('client-failed'),
+        actions: ['clear-timer', 'stop-reading', 'abort-bridge', 'answer-client-failure'],
       });
     }
-    expect(step(at('streaming'), { type: 'client-timeout' }).state.phase).toBe('cut');
+    expect(step(at('streaming'), { type: 'client-failed' }).state.phase).toBe('cut');
   });
 
   it('leaving ends the exchange and aborts the bridge request', () => {
@@ -188,7 +188,7 @@ describe('an ended exchange', () => {
       { type: 'bridge-error', resendable: true },
       { type: 'body-too-large' },
       { type: 'framing-mismatch' },
-      { type: 'client-timeout' },
+      { type: 'client-failed' },
       { type: 'client-gone' },
     ];
     for (const phase of [
@@ -196,7 +196,7 @@ describe('an ended exchange', () => {
       'timed-out',
       'unreachable',
       'too-large',
-      'client-timeout',
+      'client-failed',
       'cut',
       'client-gone',
     ] as const) {
@@ -219,7 +219,7 @@ describe('an ended exchange', () => {
       { type: 'bridge-error', resendable: false },
       { type: 'body-too-large' },
       { type: 'framing-mismatch' },
-      { type: 'client-timeout' },
+      { type: 'client-failed' },
       { type: 'client-gone' },
     ];
     for (const phase of ['sending', 'waiting', 'streaming'] as const) {

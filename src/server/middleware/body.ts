@@ -1,6 +1,6 @@
 import type { IncomingMessage } from 'node:http';
 import type { Context } from 'hono';
-import { CLIENT_TIMEOUT, CLIENT_TIMEOUT_ANSWER, clientTimedOut } from '../../lib/client-timeout.js';
+import { CLIENT_FAILED, clientFailure, type ClientFailure } from '../../lib/client-failure.js';
 import { answer } from '../answers.js';
 import type { Next, Step } from '../chain.js';
 import type { GatewayEnv } from '../context.js';
@@ -12,8 +12,8 @@ import { RESPONSE_ALREADY_SENT } from '@hono/node-server/utils/response';
  * refused with 413. On the credential routes (the specification's token operations) the body must be
  * a JSON object with non-empty string `username` and `password`, sent as
  * `application/json` (415 otherwise, 400 for the body); it is read once, bounded, and then
- * forwarded byte for byte. A body that has not all come within REQUEST_TIMEOUT_MS is this
- * request's 408 (lib/client-timeout.ts).
+ * forwarded byte for byte. A body that has not all come within REQUEST_TIMEOUT_MS, or that Node's
+ * parser failed on, gets this request's own answer to that failure (lib/client-failure.ts).
  */
 
 /** Credentials are a few hundred bytes; a larger JSON body on a token route is refused, not parsed. */
@@ -34,16 +34,15 @@ export function bodyRules(options: BodyOptions): Step {
   const { maxBodyBytes, credentialRoutes } = options;
   const tooLarge = (c: Context<GatewayEnv>): Response =>
     answer(c, 'body-size', 413, `Request body is larger than ${maxBodyBytes} bytes`, [['Connection', 'close']]);
-  const [timeoutStatus, timeoutReason, timeoutMessage] = CLIENT_TIMEOUT_ANSWER;
-  // The rest of the body may still come: the connection cannot be used again.
-  const timedOut = (c: Context<GatewayEnv>): Response => {
+  // The rest of the body may still come, or not be HTTP: the connection cannot be used again.
+  const failed = (c: Context<GatewayEnv>, [status, reason, message]: ClientFailure): Response => {
     // The HTTP layer closed the connection meanwhile (an earlier step waited past its LINGER_MS,
-    // server/http-server.ts): no 408 reaches the client, whose line is a 499 (docs/operations.md "Logs").
+    // server/http-server.ts): no answer reaches the client, whose line is a 499 (docs/operations.md "Logs").
     if (c.env?.outgoing?.destroyed) {
       c.set('forwarded', { status: CLIENT_GONE, upstreamMs: undefined });
       return RESPONSE_ALREADY_SENT;
     }
-    return answer(c, timeoutReason, timeoutStatus, timeoutMessage, [['Connection', 'close']]);
+    return answer(c, reason, status, message, [['Connection', 'close']]);
   };
 
   const credentials = async (c: Context<GatewayEnv>, next: Next): Promise<Response> => {
@@ -54,8 +53,8 @@ export function bodyRules(options: BodyOptions): Step {
       return maxBodyBytes <= MAX_CREDENTIALS_BYTES
         ? tooLarge(c)
         : answer(c, 'credentials', 400, 'Credentials body is too large', [['Connection', 'close']]);
-    if (body === 'timed-out') return timedOut(c);
     if (body === 'aborted') return answer(c, 'credentials', 400, 'Request body was not received');
+    if (!Buffer.isBuffer(body)) return failed(c, body);
     const problem = credentialsProblem(body);
     if (problem) return answer(c, 'credentials', 400, problem);
     c.set('body', body);
@@ -64,9 +63,11 @@ export function bodyRules(options: BodyOptions): Step {
 
   // Not async: a request without a body to check goes straight on.
   return function bodyRules(c, next) {
-    // The request timed out while an earlier step waited (on Redis): nobody was reading its body yet.
+    // The parser failed on the body (or it stopped coming) while an earlier step waited (on Redis):
+    // nobody was reading it yet.
     const incoming = c.env?.incoming;
-    if (incoming !== undefined && clientTimedOut(incoming)) return timedOut(c);
+    const failure = incoming === undefined ? undefined : clientFailure(incoming);
+    if (failure !== undefined) return failed(c, failure);
     const length = requestHeader(c, 'content-length');
     if (length !== undefined && Number(length) > maxBodyBytes) return tooLarge(c);
     if (credentialRoutes.has(c.get('endpoint').route.key)) return credentials(c, next);
@@ -131,8 +132,8 @@ function jsonDepth(text: string): number {
   return max;
 }
 
-/** What reading a body gives: the body, or why there is none (lib/client-timeout.ts: 'timed-out'). */
-type BodyRead = Buffer | 'too-large' | 'aborted' | 'timed-out';
+/** What reading a body gives: the body, or why there is none (a ClientFailure: lib/client-failure.ts). */
+type BodyRead = Buffer | 'too-large' | 'aborted' | ClientFailure;
 
 /** Reads the body, stopping as soon as it passes `limit` bytes (it is never buffered past that). */
 async function readBody(c: Context<GatewayEnv>, limit: number): Promise<BodyRead> {
@@ -153,7 +154,7 @@ function readIncoming(incoming: IncomingMessage, limit: number): Promise<BodyRea
       incoming.off('end', onEnd);
       incoming.off('close', onClose);
       incoming.off('error', onClose);
-      incoming.off(CLIENT_TIMEOUT, onTimeout);
+      incoming.off(CLIENT_FAILED, onFailure);
       resolve(result);
     };
     const onData = (chunk: Buffer): void => {
@@ -165,12 +166,12 @@ function readIncoming(incoming: IncomingMessage, limit: number): Promise<BodyRea
     };
     const onEnd = (): void => done(chunks.length === 1 ? (chunks[0] as Buffer) : Buffer.concat(chunks, size));
     const onClose = (): void => done('aborted');
-    const onTimeout = (): void => done('timed-out');
+    const onFailure = (): void => done(clientFailure(incoming) ?? 'aborted');
     incoming.on('data', onData);
     incoming.once('end', onEnd);
     incoming.once('close', onClose);
     incoming.once('error', onClose);
-    // Only a body still on its way can time out.
-    if (!incoming.complete) incoming.once(CLIENT_TIMEOUT, onTimeout);
+    // Only a body still on its way can fail.
+    if (!incoming.complete) incoming.once(CLIENT_FAILED, onFailure);
   });
 }
