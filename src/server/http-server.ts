@@ -292,10 +292,18 @@ function clientErrorHandler(
  * the answer this level would have written (clientErrorAnswer) is the app's, with the request's
  * id, usage headers and its one access line (docs/operations.md "Logs"), written by whoever reads
  * the body or by the body step once an earlier step is done waiting (lib/client-failure.ts). The
- * answer says `Connection: close`; should none be complete within LINGER_MS, the connection is
- * closed all the same, as after a refusal of this level.
+ * answer says `Connection: close` and the connection closes lingering, as after a refusal of this
+ * level; should no answer be complete within LINGER_MS, it is closed all the same.
  */
 function appAnswersFailure({ req, res }: Exchange, failure: ClientFailure): void {
+  // Node closes the connection after an answer that says so with the socket's destroySoon()
+  // (node:_http_server's resOnFinish), which destroys it once the answer's last byte is written:
+  // what the client still sends then meets a reset that can cost it the answer (RFC 9112 §9.6).
+  // This one socket's destroySoon is the lingering close instead (Node sets its own per instance
+  // too, on stdout); the test "regression: the app's answer to a malformed body closed the
+  // connection at once" in test/integration/hostile-http.test.ts pins it.
+  const socket = req.socket;
+  socket.destroySoon = () => endAndLinger(socket);
   markClientFailure(req, failure);
   setTimeout(() => {
     if (!res.writableFinished) req.socket.destroy();

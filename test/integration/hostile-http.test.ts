@@ -1,3 +1,4 @@
+import net from 'node:net';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startTestGateway, type TestGateway } from '../helpers/gateway.js';
 import { expectTwoFields, rawExchange, send } from '../helpers/http.js';
@@ -366,4 +367,58 @@ describe('absurd API keys', () => {
       200,
     );
   });
+});
+
+describe("regression: the app's answer to a malformed body closed the connection at once", () => {
+  /**
+   * A client that reads only once its upload is done, as many do, and whose second chunk Node's
+   * parser fails on: it sends on for 600 ms after the failure, then reads, and sends a byte every
+   * 100 ms until the gateway takes no more (its writes fail once the gateway resets the connection).
+   */
+  async function stillSendingAfterFailure(path: string): Promise<{ raw: string; releasedAfterMs: number }> {
+    const socket = net.connect({ port: gw.port, host: '127.0.0.1', allowHalfOpen: true });
+    socket.pause();
+    socket.on('error', () => {});
+    await new Promise((r) => socket.once('connect', r));
+    socket.write(
+      `POST ${path} HTTP/1.1\r\nHost: x\r\nX-API-Key: ${newKey()}\r\nContent-Type: application/json\r\n` +
+        'Transfer-Encoding: chunked\r\n\r\n5\r\n{"use\r\n',
+    );
+    await sleep(150);
+    socket.write('zz\r\n');
+    const brokeAt = performance.now();
+    for (let i = 0; i < 6 && !socket.destroyed; i++) {
+      await sleep(100);
+      socket.write('x'.repeat(1000));
+    }
+    const received: Buffer[] = [];
+    socket.on('data', (c: Buffer) => received.push(c));
+    socket.resume();
+    while (!socket.destroyed && performance.now() - brokeAt < 6000) {
+      await sleep(100);
+      if (!socket.destroyed) socket.write('x');
+    }
+    const releasedAfterMs = performance.now() - brokeAt;
+    socket.destroy();
+    return { raw: Buffer.concat(received).toString('latin1'), releasedAfterMs };
+  }
+
+  // The answer went out and the socket was destroyed right after it: what the client still sent met a
+  // reset, and its next write failed before it had read the answer (RFC 9112 §9.6). The HTTP layer's
+  // own answers close lingering (lib/linger.ts): read and drop for LINGER_MS, then destroy.
+  it.each([
+    ['a body streamed to the bridge', '/orders'],
+    ['a credentials body', TOKEN],
+  ])(
+    '%s: the client still sending reads its 400, and the connection is let go of LINGER_MS later',
+    async (_what, path) => {
+      const { raw, releasedAfterMs } = await stillSendingAfterFailure(path);
+      expect(raw).toMatch(/^HTTP\/1\.1 400 /);
+      expect(rawBody(raw)).toEqual({ error: 'Bad Request', message: 'Malformed HTTP request' });
+      expect(raw.match(/HTTP\/1\.1 /g)).toHaveLength(1);
+      // Released LINGER_MS (2 s) after the answer, also while the client still sends.
+      expect(releasedAfterMs).toBeGreaterThan(1500);
+      expect(releasedAfterMs).toBeLessThan(4000);
+    },
+  );
 });
