@@ -292,8 +292,9 @@ function clientErrorHandler(
  * the answer this level would have written (clientErrorAnswer) is the app's, with the request's
  * id, usage headers and its one access line (docs/operations.md "Logs"), written by whoever reads
  * the body or by the body step once an earlier step is done waiting (lib/client-failure.ts). The
- * answer says `Connection: close` and the connection closes lingering, as after a refusal of this
- * level; should no answer be complete within LINGER_MS, it is closed all the same.
+ * answer, and any other the app writes instead, says `Connection: close` and the connection closes
+ * lingering, as after a refusal of this level; should no answer be complete within LINGER_MS, it
+ * is closed all the same.
  */
 function appAnswersFailure({ req, res }: Exchange, failure: ClientFailure): void {
   // Node closes the connection after an answer that says so with the socket's destroySoon()
@@ -304,6 +305,9 @@ function appAnswersFailure({ req, res }: Exchange, failure: ClientFailure): void
   // connection at once" in test/integration/hostile-http.test.ts pins it.
   const socket = req.socket;
   socket.destroySoon = () => endAndLinger(socket);
+  // Whatever the app answers closes the connection (a 429 once the counting is back, say): the
+  // parser has failed on it, and a next request on it would never be read.
+  res.shouldKeepAlive = false;
   markClientFailure(req, failure);
   setTimeout(() => {
     if (!res.writableFinished) req.socket.destroy();

@@ -489,12 +489,12 @@ describe('regression: a malformed body of a request waiting on Redis was answere
 
   const requestLines = (id: string) => gw.logs.filter((l) => l.msg === 'request' && l.reqId === id);
   /** A streamed body whose second chunk Node's parser fails on, 150 ms after the head, while the counting waits. */
-  const brokenWhileCounting = (id: string, delayMs: number): Promise<string> => {
+  const brokenWhileCounting = (id: string, delayMs: number, target = 'POST /orders'): Promise<string> => {
     proxy.delayRepliesMs = delayMs;
     return rawInParts(
       gw.port,
       [
-        `POST /orders HTTP/1.1\r\nHost: x\r\nX-API-Key: counting-${id}\r\nX-Request-Id: ${id}\r\n` +
+        `${target} HTTP/1.1\r\nHost: x\r\nX-API-Key: counting-${id}\r\nX-Request-Id: ${id}\r\n` +
           `Transfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n`,
         'zz\r\n',
       ],
@@ -532,4 +532,23 @@ describe('regression: a malformed body of a request waiting on Redis was answere
     expect(lines[0]).toMatchObject({ status: 499, endpoint: 'POST /orders' });
     expect(lines[0]?.reason).toBeUndefined();
   }, 15_000);
+
+  // An answer the app wrote before its body step (a refusal for the limit, once the counting came
+  // back) said keep-alive on a connection whose parser had failed: Node read nothing more from it,
+  // a next request on it was never answered, and it stayed open until the keep-alive timeout.
+  it('regression: a 429 to it (its counting refused it meanwhile) kept the connection open', async () => {
+    const id = `refused-${Date.now()}`;
+    // GET /orders allows one request an hour and a day: the first takes it.
+    expect((await send(gw.url, { path: '/orders', headers: key(`counting-${id}`) })).status).toBe(200);
+    const t0 = performance.now();
+    const answer = await brokenWhileCounting(id, 600, 'GET /orders');
+    expect(answer.startsWith('HTTP/1.1 429 '), answer).toBe(true);
+    expect(answer).toContain(`\r\nX-Request-Id: ${id}\r\n`);
+    expect(answer).toMatch(/\r\nConnection: close\r\n/i);
+    // Closed once answered, lingering (LINGER_MS, 2 s, at most), not at the keep-alive timeout.
+    expect(performance.now() - t0).toBeLessThan(3000);
+    const lines = await settledLines(id);
+    expect(lines).toHaveLength(1);
+    expect(lines[0]).toMatchObject({ status: 429, reason: 'day-spent', endpoint: 'GET /orders' });
+  });
 });
