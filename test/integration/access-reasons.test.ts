@@ -508,7 +508,7 @@ describe('regression: a malformed body of a request waiting on Redis was answere
     return requestLines(id);
   };
 
-  it('the body step answers it in the request’s name once the counting is done', async () => {
+  it("the body step answers it in the request's name once the counting is done", async () => {
     const id = `counting-${Date.now()}`;
     const answer = await brokenWhileCounting(id, 600);
     expect(answer.startsWith('HTTP/1.1 400 '), answer).toBe(true);
