@@ -63,7 +63,7 @@ describe('review: a request read during the linger after a 408', () => {
     expect(served(id)).toEqual({ lines: [], atBridge: 0 });
   });
 
-  it('after the HTTP layer\'s 408 to headers that never ended, their end does not make a request (before the change too)', async () => {
+  it("after the HTTP layer's 408 to headers that never ended, their end does not make a request (before the change too)", async () => {
     const id = `after-layer-408-${Date.now()}`;
     const data = await afterAnswer(
       gw.port,
