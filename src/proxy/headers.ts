@@ -188,8 +188,34 @@ export function requestHeaderList(rawHeaders: readonly string[], values: Forward
     values.requestId,
   );
   // RFC 7239 §4: a proxy appends its element to the client's `Forwarded`, as to `X-Forwarded-For`.
-  if (forwarded !== undefined) out.push('Forwarded', `${forwarded}, ${forwardedElement(values, clientHost)}`);
+  // A value whose elements cannot be told apart (a quoted string left open would take this hop's
+  // element in) is replaced by this hop's element alone: it must stay the last one.
+  if (forwarded !== undefined) {
+    const element = forwardedElement(values, clientHost);
+    out.push('Forwarded', separableElements(forwarded) ? `${forwarded}, ${element}` : element);
+  }
   return out;
+}
+
+/** What may stand outside a quoted string in `Forwarded` (RFC 7239 §4): tchar, "=", ";", "," and OWS. */
+const FORWARDED_OUTSIDE = /^[!#$%&'*+.^_`|~0-9A-Za-z=;, \t-]$/;
+
+/**
+ * Whether a `Forwarded` value splits into elements unambiguously at its commas: every quoted string
+ * closed (a quoted-pair escapes one character), nothing but tokens and separators outside them.
+ * One pass, no backtracking: the value is the client's.
+ */
+function separableElements(value: string): boolean {
+  let quoted = false;
+  for (let i = 0; i < value.length; i++) {
+    const ch = value[i] as string;
+    if (quoted) {
+      if (ch === '\\') i++;
+      else if (ch === '"') quoted = false;
+    } else if (ch === '"') quoted = true;
+    else if (!FORWARDED_OUTSIDE.test(ch)) return false;
+  }
+  return !quoted;
 }
 
 /** This hop's `Forwarded` element (RFC 7239 §4–6): an IPv6 address and a host with a port are quoted. */

@@ -136,10 +136,12 @@ export function createPublicServer(
   (server as http.Server & { httpAllowHalfOpen: boolean }).httpAllowHalfOpen = true;
 
   server.on('request', function takeRequest(req: IncomingMessage, res: ServerResponse) {
+    if (closing(req)) return;
     order.take(req, res);
   });
   // Node asks before answering 100 Continue itself: an unsupported Expect is refused in its turn (417).
   server.on('checkExpectation', function takeExpectation(req: IncomingMessage, res: ServerResponse) {
+    if (closing(req)) return;
     order.take(req, res);
   });
 
@@ -161,6 +163,18 @@ export function createPublicServer(
 
   server.on('clientError', clientErrorHandler(order, observe.logger, refuse));
   return { server, inFlight: () => order.inFlight };
+}
+
+/**
+ * A request Node's parser read on a connection the gateway has already ended, closing it lingering
+ * (lib/linger.ts) after a 408 whose parser had not failed: its answer could never be written, and a
+ * server that said `Connection: close` processes no further request (RFC 9112 §9.6). It is never
+ * served, counted or forwarded; its bytes are read and dropped with the rest until the socket goes.
+ */
+function closing(req: IncomingMessage): boolean {
+  if (!req.socket.writableEnded && !req.socket.destroyed) return false;
+  req.resume();
+  return true;
 }
 
 /** Each request in its turn on its connection: the Expect check, the gate, then the app. */

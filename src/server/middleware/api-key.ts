@@ -114,15 +114,27 @@ export function apiKeyFromQuery(target: string): string | undefined {
  */
 const NOT_FORWARDED_PARAMS: ReadonlySet<string> = new Set(['api_key', '_method']);
 
+/**
+ * A parameter's name as PHP registers it (php_register_variable_ex), which is how Symfony and
+ * Laravel find `_method`: leading spaces dropped, the other spaces and dots made `_` (so
+ * `.method` and `+_method` are `_method` there).
+ */
+function phpName(name: string): string {
+  return name.replace(/^ +/, '').replace(/[ .]/g, '_');
+}
+
 /** The query string the bridge receives: without the parameters above; the others stay byte for byte. */
 export function forwardedQuery(query: string): string {
-  // A name that decodes to one of them is spelt so, or holds an escape: any other query goes as it came.
-  if (query.length <= 1 || (!query.includes('api_key') && !query.includes('_method') && !query.includes('%')))
+  // A name that reads as one of them is spelt so, or holds an escape: any other query goes as it came.
+  if (query.length <= 1 || (!query.includes('api_key') && !query.includes('method') && !query.includes('%')))
     return query;
   // Each part's name decoded as URLSearchParams decodes it, so that every spelling apiKeyFromQuery accepts is removed.
   const kept = query
     .slice(1)
     .split('&')
-    .filter((part) => !NOT_FORWARDED_PARAMS.has(new URLSearchParams(part).keys().next().value ?? ''));
+    .filter((part) => {
+      const name = new URLSearchParams(part).keys().next().value ?? '';
+      return !NOT_FORWARDED_PARAMS.has(name) && phpName(name) !== '_method';
+    });
   return kept.length ? '?' + kept.join('&') : '';
 }
