@@ -1,10 +1,12 @@
 import { describe, expect, it } from 'vitest';
 import { requestHeaderList, type ForwardHeaderValues } from '../../src/proxy/headers.js';
+import { forwardedQuery } from '../../src/server/middleware/api-key.js';
 
 /**
  * The client-address fields of README "Forwarding": a client's own `X-Real-IP` (and kin) never
  * reaches a bridge as the client wrote it, and a client's `Forwarded` gets this hop's element
- * appended (RFC 7239 §4), as `X-Forwarded-For` gets the address.
+ * appended (RFC 7239 §4), as `X-Forwarded-For` gets the address, always as its last element; and
+ * the `_method` override never reaches a bridge, in any spelling PHP reads as it.
  */
 
 const VALUES: ForwardHeaderValues = {
@@ -90,4 +92,58 @@ describe('regression: a client could tell the bridge any address in X-Real-IP or
     expect(valuesOf(list, 'x-real-ip')).toEqual([]);
     expect(valuesOf(list, 'accept')).toEqual(['*/*']);
   });
+});
+
+/** RFC 7239 §4: the elements of a Forwarded value, split at commas outside quoted strings. */
+function elements(value: string): string[] {
+  const out: string[] = [];
+  let current = '';
+  let quoted = false;
+  for (let i = 0; i < value.length; i++) {
+    const ch = value[i] as string;
+    if (quoted && ch === '\\') {
+      current += ch + (value[++i] ?? '');
+      continue;
+    }
+    if (ch === '"') quoted = !quoted;
+    if (ch === ',' && !quoted) {
+      out.push(current.trim());
+      current = '';
+    } else current += ch;
+  }
+  out.push(current.trim());
+  return out;
+}
+
+/** The `for` parameter of an element (quotes taken off). */
+function forOf(element: string): string | undefined {
+  return /(?:^|;)\s*for=("(?:[^"\\]|\\.)*"|[^;]*)/i.exec(element)?.[1]?.replace(/^"|"$/g, '');
+}
+
+describe("regression: a client's Forwarded with an unclosed quoted string took the gateway's element in", () => {
+  it('keeps a well-formed value with quoted strings, and appends to it', () => {
+    const list = requestHeaderList(['Host', 'h', 'Forwarded', 'for="[2001:db8::7]";proto=https;x="a,b\\"c"'], VALUES);
+    const value = list[list.findIndex((v, i) => i % 2 === 0 && v.toLowerCase() === 'forwarded') + 1] as string;
+    expect(value).toBe('for="[2001:db8::7]";proto=https;x="a,b\\"c", for=198.51.100.7;proto=http;host=h');
+    expect(elements(value).map(forOf)).toEqual(['[2001:db8::7]', '198.51.100.7']);
+  });
+
+  it("leaves the gateway's element the last one, with the address the gateway found", () => {
+    const list = requestHeaderList(['Host', 'gw.example:8080', 'Forwarded', 'for=203.0.113.9;x="'], VALUES);
+    const value = list[list.findIndex((v, i) => i % 2 === 0 && v.toLowerCase() === 'forwarded') + 1] as string;
+    // It was `for=203.0.113.9;x=", for=198.51.100.7;proto=http;host="gw.example:8080"`: the gateway's
+    // element inside the client's quoted string, the last (only) element the client's claim.
+    expect(forOf(elements(value).at(-1) as string)).toBe('198.51.100.7');
+  });
+});
+
+describe('regression: _method in spellings PHP reads as _method (php_register_variable_ex) reached the bridge', () => {
+  // PHP drops leading spaces of a parameter name and turns the other spaces and dots into "_":
+  // Symfony's and Laravel's Request then find `_method` in the query.
+  it.each(['?.method=DELETE', '?+_method=DELETE', '?%20_method=DELETE', '?%2Emethod=DELETE', '?a=1&.method=PUT'])(
+    '%s is not forwarded',
+    (query) => {
+      expect(forwardedQuery(query)).not.toMatch(/method/);
+    },
+  );
 });

@@ -3,7 +3,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { startTestGateway, type TestGateway } from '../helpers/gateway.js';
 
 /**
- * Review: a connection the gateway answered with `Connection: close` and then closes lingering
+ * A connection the gateway answered with `Connection: close` and then closes lingering
  * (lib/linger.ts) is still read by Node's HTTP parser when that parser has not failed (a request
  * timeout): a request the client sends during the linger is emitted, served, counted and forwarded,
  * and its answer can never reach the client (RFC 9112 §9.6: a server that sends "close" MUST NOT
@@ -34,7 +34,7 @@ async function afterAnswer(port: number, first: string, then: string): Promise<s
   return data;
 }
 
-describe('review: a request read during the linger after a 408', () => {
+describe('regression: a request read during the linger after a 408 was served, counted and forwarded', () => {
   let gw: TestGateway;
   beforeAll(async () => {
     gw = await startTestGateway({ limits: LIMITS, env: { REQUEST_TIMEOUT_MS: '300', HEADERS_TIMEOUT_MS: '300' } });
