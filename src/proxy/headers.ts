@@ -220,12 +220,19 @@ function separableElements(value: string): boolean {
 
 /** This hop's `Forwarded` element (RFC 7239 §4–6): an IPv6 address and a host with a port are quoted. */
 function forwardedElement(values: ForwardHeaderValues, host: string): string {
-  const address = values.clientAddress.includes(':') ? `"[${values.clientAddress}]"` : values.clientAddress;
-  const element = `for=${address};proto=${values.proto}`;
-  if (host === '') return element;
-  return /^[A-Za-z0-9.-]+$/.test(host)
-    ? `${element};host=${host}`
-    : `${element};host="${host.replace(/["\\]/g, '\\$&')}"`;
+  const element = `for=${forwardedValue(values.clientAddress, true)};proto=${values.proto}`;
+  return host === '' ? element : `${element};host=${forwardedValue(host, false)}`;
+}
+
+/**
+ * A value of a `Forwarded` parameter: a token as it is, anything else a quoted string (an IPv6
+ * address in brackets). The address is text from `X-Forwarded-For` with TRUST_PROXY_HOPS, and the
+ * host the client's: neither may add a parameter or an element of its own.
+ */
+function forwardedValue(value: string, address: boolean): string {
+  if (/^[A-Za-z0-9._-]+$/.test(value)) return value;
+  const text = address && /^[0-9A-Fa-f:.]+$/.test(value) && value.includes(':') ? `[${value}]` : value;
+  return `"${text.replace(/["\\]/g, '\\$&')}"`;
 }
 
 /** Fields the gateway itself writes on every counted answer (README "Headers and answers"). */

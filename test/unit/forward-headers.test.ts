@@ -86,6 +86,14 @@ describe('regression: a client could tell the bridge any address in X-Real-IP or
     ]);
   });
 
+  it('quotes an address that is no token (text from X-Forwarded-For under TRUST_PROXY_HOPS), so it adds no parameter', () => {
+    const list = requestHeaderList(['Host', 'h', 'Forwarded', 'for=a'], {
+      ...VALUES,
+      clientAddress: '1.2.3.4;proto=https',
+    });
+    expect(valuesOf(list, 'forwarded')).toEqual(['for=a, for="1.2.3.4;proto=https";proto=http;host=h']);
+  });
+
   it('adds no Forwarded or X-Real-IP of its own to a request that had none', () => {
     const list = requestHeaderList(['Host', 'api.example.com', 'Accept', '*/*'], VALUES);
     expect(valuesOf(list, 'forwarded')).toEqual([]);
