@@ -78,6 +78,12 @@ export function errorBody(status: number, message: string): string {
   return JSON.stringify({ error: REASONS[status] ?? 'Error', message });
 }
 
+/**
+ * Logged as the status of a request (or upgrade) whose client left before its answer, nginx's
+ * convention (docs/operations.md "Logs"); never sent.
+ */
+export const CLIENT_GONE = 499;
+
 export const JSON_TYPE = 'application/json';
 
 /** A gateway answer written straight to a Node response (forwarding errors, client errors). */

@@ -6,7 +6,7 @@ import Client from 'undici/lib/dispatcher/client.js';
 import Pool from 'undici/lib/dispatcher/pool.js';
 import { BRIDGES, type BridgeName } from '../config/settings.js';
 import type { HeaderList } from '../lib/header-list.js';
-import { writeAnswer, type Reason } from '../lib/answers.js';
+import { CLIENT_GONE, writeAnswer, type Reason } from '../lib/answers.js';
 import { CLIENT_FAILED, clientFailure } from '../lib/client-failure.js';
 import {
   START,
@@ -117,8 +117,6 @@ class BridgeClient extends Client {
   }
 }
 
-/** Logged as the status of a request whose client left before its answer (nginx's convention). */
-const CLIENT_GONE = 499;
 /**
  * Errors of a connection the bridge closed or reset: undici's own when the socket ended or closed
  * under a request, and the system's when it was reset or written after the bridge's close. An

@@ -112,7 +112,8 @@ function refusals(observe: { logger: Logger; metrics: GatewayMetrics }, corsOf: 
     linger(socket, status, reason, message, req, method = req?.method) {
       socket.on('error', () => socket.destroy());
       const requestId = nextId();
-      answerAndLinger(socket, status, message, [['X-Request-Id', requestId], ...corsOf(req)]);
+      // Straight to the connection, closing it lingering (lib/linger.ts).
+      endAndLinger(socket, rawAnswer(status, message, [['X-Request-Id', requestId], ...corsOf(req)]));
       logRefusal({ status, reason, socket, method, requestId });
     },
   };
@@ -320,15 +321,11 @@ function appAnswersFailure({ req, res }: Exchange, failure: ClientFailure): void
   const socket = req.socket;
   socket.destroySoon = () => endAndLinger(socket);
   // Whatever the app answers closes the connection (a 429 once the counting is back, say): the
-  // parser has failed on it, and a next request on it would never be read.
+  // parser has failed on it, or the rest of the body may still come, and no next request on it is
+  // served (closing() below).
   res.shouldKeepAlive = false;
   markClientFailure(req, failure);
   setTimeout(() => {
     if (!res.writableFinished) req.socket.destroy();
   }, LINGER_MS).unref();
-}
-
-/** Writes a gateway answer straight to the connection and closes it lingering (lib/linger.ts). */
-function answerAndLinger(socket: Duplex, status: number, message: string, headers: HeaderList): void {
-  endAndLinger(socket, rawAnswer(status, message, headers));
 }

@@ -6,7 +6,7 @@ import type { RequestHandler } from 'http-proxy-middleware';
 import { BRIDGES, type BridgeName } from '../config/settings.js';
 import type { HeaderList } from '../lib/header-list.js';
 import { requestHeaderList, responseHeaderList } from '../proxy/headers.js';
-import { rawAnswer, type Reason } from '../lib/answers.js';
+import { CLIENT_GONE, rawAnswer, type Reason } from '../lib/answers.js';
 import { endAndLinger } from '../lib/linger.js';
 
 /**
@@ -73,9 +73,6 @@ export function headerObject(list: readonly string[]): Record<string, string | s
   }
   return object;
 }
-
-/** Logged as the status of an upgrade whose client left before the bridge answered. */
-const CLIENT_GONE = 499;
 
 export interface WebSocketProxyOptions {
   readonly bridges: Readonly<Record<BridgeName, URL>>;

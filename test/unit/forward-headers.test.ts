@@ -131,14 +131,14 @@ function forOf(element: string): string | undefined {
 describe("regression: a client's Forwarded with an unclosed quoted string took the gateway's element in", () => {
   it('keeps a well-formed value with quoted strings, and appends to it', () => {
     const list = requestHeaderList(['Host', 'h', 'Forwarded', 'for="[2001:db8::7]";proto=https;x="a,b\\"c"'], VALUES);
-    const value = list[list.findIndex((v, i) => i % 2 === 0 && v.toLowerCase() === 'forwarded') + 1] as string;
+    const [value = ''] = valuesOf(list, 'forwarded');
     expect(value).toBe('for="[2001:db8::7]";proto=https;x="a,b\\"c", for=198.51.100.7;proto=http;host=h');
     expect(elements(value).map(forOf)).toEqual(['[2001:db8::7]', '198.51.100.7']);
   });
 
   it("leaves the gateway's element the last one, with the address the gateway found", () => {
     const list = requestHeaderList(['Host', 'gw.example:8080', 'Forwarded', 'for=203.0.113.9;x="'], VALUES);
-    const value = list[list.findIndex((v, i) => i % 2 === 0 && v.toLowerCase() === 'forwarded') + 1] as string;
+    const [value = ''] = valuesOf(list, 'forwarded');
     // It was `for=203.0.113.9;x=", for=198.51.100.7;proto=http;host="gw.example:8080"`: the gateway's
     // element inside the client's quoted string, the last (only) element the client's claim.
     expect(forOf(elements(value).at(-1) as string)).toBe('198.51.100.7');

@@ -117,7 +117,8 @@ const NOT_FORWARDED_PARAMS: ReadonlySet<string> = new Set(['api_key', '_method']
 /**
  * A parameter's name as PHP registers it (php_register_variable_ex), which is how Symfony and
  * Laravel find `_method`: leading spaces dropped, the other spaces and dots made `_` (so
- * `.method` and `+_method` are `_method` there).
+ * `.method` and `+_method` are `_method` there). Every name the URLSearchParams decoding gives
+ * as it is reads the same here.
  */
 function phpName(name: string): string {
   return name.replace(/^ +/, '').replace(/[ .]/g, '_');
@@ -132,9 +133,6 @@ export function forwardedQuery(query: string): string {
   const kept = query
     .slice(1)
     .split('&')
-    .filter((part) => {
-      const name = new URLSearchParams(part).keys().next().value ?? '';
-      return !NOT_FORWARDED_PARAMS.has(name) && phpName(name) !== '_method';
-    });
+    .filter((part) => !NOT_FORWARDED_PARAMS.has(phpName(new URLSearchParams(part).keys().next().value ?? '')));
   return kept.length ? '?' + kept.join('&') : '';
 }

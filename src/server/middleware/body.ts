@@ -1,5 +1,6 @@
 import type { IncomingMessage } from 'node:http';
 import type { Context } from 'hono';
+import { CLIENT_GONE } from '../../lib/answers.js';
 import { CLIENT_FAILED, clientFailure, type ClientFailure } from '../../lib/client-failure.js';
 import { answer } from '../answers.js';
 import type { Next, Step } from '../chain.js';
@@ -26,9 +27,6 @@ export interface BodyOptions {
   /** Canonical keys of the credential routes. */
   readonly credentialRoutes: ReadonlySet<string>;
 }
-
-/** Logged as the status of a request whose client was gone before its answer (nginx's convention). */
-const CLIENT_GONE = 499;
 
 export function bodyRules(options: BodyOptions): Step {
   const { maxBodyBytes, credentialRoutes } = options;
