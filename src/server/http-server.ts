@@ -317,7 +317,8 @@ function appAnswersFailure({ req, res }: Exchange, failure: ClientFailure): void
   // what the client still sends then meets a reset that can cost it the answer (RFC 9112 §9.6).
   // This one socket's destroySoon is the lingering close instead (Node sets its own per instance
   // too, on stdout); the test "regression: the app's answer to a malformed body closed the
-  // connection at once" in test/integration/hostile-http.test.ts pins it.
+  // connection at once" in test/integration/hostile-http.test.ts pins it, and for the 408
+  // test/integration/linger-after-answer.test.ts.
   const socket = req.socket;
   socket.destroySoon = () => endAndLinger(socket);
   // Whatever the app answers closes the connection (a 429 once the counting is back, say): the

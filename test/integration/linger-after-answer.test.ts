@@ -63,6 +63,42 @@ describe('regression: a request read during the linger after a 408 was served, c
     expect(served(id)).toEqual({ lines: [], atBridge: 0 });
   });
 
+  // The 408 goes through the same lingering close as the malformed body's 400 (the regression
+  // test in hostile-http.test.ts): without it the socket was destroyed once the 408 was written,
+  // and a client that reads only once its upload is done met a reset that cost it the answer.
+  it("the app's 408: a client still sending, that reads only afterwards, gets its 408, and is let go of LINGER_MS later", async () => {
+    const socket = net.connect({ port: gw.port, host: '127.0.0.1', allowHalfOpen: true });
+    socket.pause();
+    socket.on('error', () => {});
+    await new Promise((r) => socket.once('connect', r));
+    socket.write(
+      'POST /orders HTTP/1.1\r\nHost: x\r\nX-API-Key: linger-key\r\nContent-Type: application/json\r\n' +
+        'Content-Length: 100000\r\n\r\n{"use',
+    );
+    // REQUEST_TIMEOUT_MS is 300 and the server checks its connections at least that often.
+    await sleep(900);
+    const sendingFrom = performance.now();
+    for (let i = 0; i < 6 && !socket.destroyed; i++) {
+      socket.write('x'.repeat(1000));
+      await sleep(100);
+    }
+    const received: Buffer[] = [];
+    socket.on('data', (c: Buffer) => received.push(c));
+    socket.resume();
+    while (!socket.destroyed && performance.now() - sendingFrom < 6000) {
+      await sleep(100);
+      if (!socket.destroyed) socket.write('x');
+    }
+    const releasedAfterMs = performance.now() - sendingFrom;
+    socket.destroy();
+    const raw = Buffer.concat(received).toString('latin1');
+    expect(raw.startsWith('HTTP/1.1 408 '), raw).toBe(true);
+    expect(raw).toMatch(/\r\nConnection: close\r\n/i);
+    // The 408 was written 300–600 ms before sendingFrom; LINGER_MS (2 s) after it the gateway lets go.
+    expect(releasedAfterMs).toBeGreaterThan(1000);
+    expect(releasedAfterMs).toBeLessThan(4000);
+  });
+
   it("after the HTTP layer's 408 to headers that never ended, their end does not make a request (before the change too)", async () => {
     const id = `after-layer-408-${Date.now()}`;
     const data = await afterAnswer(
