@@ -193,12 +193,17 @@ function readPlans(plans: Table['plans'], rows: readonly DraftRow[], issues: Iss
       const route = parseRoute(text);
       if (typeof route === 'string') continue;
       const row = rowByRoute.get(route.key);
-      if (row) overrides.set(row.index, { perHour: numbers.per_hour, perDay: numbers.per_day, text });
+      // A row set twice (its route under two parameter names, or beside an `also` route) would take
+      // the numbers of whichever comes last: as with a route used twice, the file says which it means.
+      const first = row && overrides.get(row.index);
+      if (row && !first) overrides.set(row.index, { perHour: numbers.per_hour, perDay: numbers.per_day, text });
       else
         issues.push({
           path: ['plans', name, 'rows', text],
           key: true,
-          message: `no row of the table has route "${route.text}"`,
+          message: first
+            ? `row ${row.index + 1} (${row.name}) is already set by "${first.text}"`
+            : `no row of the table has route "${route.text}"`,
         });
     }
     const limits = rows.map((row) => {
