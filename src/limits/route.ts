@@ -22,8 +22,10 @@ export interface Route {
   readonly text: string;
 }
 
-// RFC 3986 §3.3 pchar, without percent-encoding (a table literal is written as it is matched).
-const LITERAL_SEGMENT = /^[A-Za-z0-9\-._~!$&'()*+,;=:@]+$/;
+// RFC 3986 §3.3 pchar, without percent-encoding (a table literal is written as it is matched), and
+// without ";": the gateway refuses a request path that holds one (limits/normalise.ts), so a row
+// with one could never be matched.
+const LITERAL_SEGMENT = /^[A-Za-z0-9\-._~!$&'()*+,=:@]+$/;
 const PARAM_SEGMENT = /^\{([A-Za-z_][A-Za-z0-9_]*)\}$/;
 
 function isMethod(value: string): value is Method {
@@ -50,6 +52,8 @@ export function parseRoute(text: string): Route | string {
           return `route "${text}": parameter {${name}} appears twice`;
         }
         segments.push({ kind: 'param', name });
+      } else if (part.includes(';')) {
+        return `route "${text}": ";" in a path (the gateway refuses every request path that holds one)`;
       } else if (LITERAL_SEGMENT.test(part)) {
         segments.push({ kind: 'literal', value: part });
       } else {
