@@ -114,6 +114,12 @@ const redisUrl = v.pipe(
   asText,
   v.transform((s) => s.trim()),
   v.check((s) => /^rediss?:$/.test(protocolOf(s) ?? ''), 'must be a redis:// or rediss:// URL'),
+  // ioredis reads the path (or a `db` parameter) as the database number, and selects NaN for any
+  // other text: the first connection then ends the process with a stack trace.
+  v.check(
+    (s) => /^\d*$/.test(new URL(s).pathname.slice(1) || (new URL(s).searchParams.get('db') ?? '')),
+    'the path must be a database number, such as redis://redis:6379/0',
+  ),
 );
 
 /** A comma-separated list, blanks dropped. */

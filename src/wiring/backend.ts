@@ -12,6 +12,7 @@ import { RedisCounterStore } from '../redis/counter-store.js';
 import { RedisEventBus } from '../redis/events.js';
 import { RedisIssuedKeyStore } from '../redis/issued-keys.js';
 import type { Closers } from './closers.js';
+import { StartupError } from './startup-error.js';
 
 /**
  * Where an instance keeps what it shares with the others (README "A request, step by step", docs/operations.md "When
@@ -76,12 +77,15 @@ async function redisBackend(settings: Settings, options: BackendOptions, closers
     ),
   );
   watchConnection(redis, settings.redisFailureMode, logger);
+  const database = watchDatabase(redis, logger);
   if (!(await connectWithin(redis, Math.max(2000, settings.redisTimeoutMs * 10)))) {
     logger.warn(
       { mode: settings.redisFailureMode },
       'redis is not reachable at start-up; serving in failure mode until it is',
     );
   }
+  const refused = database.started();
+  if (refused) throw new StartupError(`REDIS_URL: ${refused}`, 'setting');
   const subscriber = createSubscriber(target);
   closers.add('redis subscriber', () => subscriber.disconnect());
   subscriber.on('error', () => {});
@@ -117,6 +121,27 @@ function watchConnection(redis: RedisClient, mode: FailureMode, logger: Logger):
   redis.on('close', () => {
     if (wasReady) logger.warn({ mode }, 'redis connection lost');
   });
+}
+
+/**
+ * ioredis goes on in database 0 when it cannot select the database REDIS_URL names (one the server
+ * does not have): the counters and issued keys would be another database's, and nothing would say
+ * so. At start-up that is a wrong REDIS_URL (README "Running it"); on a reconnect, an error line.
+ */
+function watchDatabase(redis: RedisClient, logger: Logger): { started(): string | undefined } {
+  let starting = true;
+  let refused: string | undefined;
+  redis.on('error', (err: Error & { command?: { name?: string; args?: unknown[] } }) => {
+    if (err.command?.name !== 'select') return;
+    refused = `database ${String(err.command.args?.[0])} cannot be selected (${err.message})`;
+    if (!starting) logger.error(`REDIS_URL: ${refused}; redis counts in database 0 now`);
+  });
+  return {
+    started: () => {
+      starting = false;
+      return refused;
+    },
+  };
 }
 
 async function redisProblem(redis: RedisClient): Promise<string | undefined> {

@@ -97,6 +97,15 @@ describe('a start-up step that fails', () => {
     await expectNothingOpen();
   });
 
+  it('(a REDIS_URL database the server does not have) says so in one line naming REDIS_URL', async () => {
+    // ioredis would go on in database 0, and the counters and issued keys be another database's.
+    const err = await start({ REDIS_URL: `${redis.url}/99` });
+    expect(err).toBeInstanceOf(StartupError);
+    expect((err as StartupError).reason).toBe('setting');
+    expect((err as Error).message).toBe('REDIS_URL: database 99 cannot be selected (ERR DB index is out of range)');
+    await expectNothingOpen();
+  });
+
   it('(an invalid key file) closes the Redis connections and the table watch', async () => {
     const keys = join(dir, 'bad-keys.yaml');
     writeFileSync(keys, 'keys:\n  - id: x\n    sha256: nope\n');

@@ -39,6 +39,15 @@ const REFUSED: Array<[Record<string, string>, string]> = [
     { ...BRIDGES, REDIS_URL: 'http://127.0.0.1:6379' },
     'REDIS_URL=http://127.0.0.1:6379: must be a redis:// or rediss:// URL',
   ],
+  // ioredis would select database NaN, and the process end with a stack trace on connecting.
+  [
+    { ...BRIDGES, REDIS_URL: 'redis://u:hunter2@127.0.0.1:6379/counters' },
+    'REDIS_URL=redis://…@127.0.0.1:6379/counters: the path must be a database number, such as redis://redis:6379/0',
+  ],
+  [
+    { ...BRIDGES, REDIS_URL: 'redis://127.0.0.1:6379?db=two' },
+    'REDIS_URL=redis://127.0.0.1:6379?db=two: the path must be a database number, such as redis://redis:6379/0',
+  ],
   [
     { ...BRIDGES, REDIS_URL: 'redis://user:secret@127.0.0.1:6379', REDIS_CLUSTER_NODES: '127.0.0.1:7000' },
     'REDIS_URL and REDIS_CLUSTER_NODES are both set: choose one',
@@ -140,6 +149,11 @@ describe('settings from the environment', () => {
     const text = message(env);
     expect(text).toBe(expected);
     expect(text).not.toContain('\n');
+  });
+
+  it('takes a REDIS_URL with a database number, or none', () => {
+    for (const url of ['redis://h:6379', 'redis://h:6379/', 'redis://h:6379/2', 'rediss://:pw@h:6380/15?db=3'])
+      expect(load({ ...BRIDGES, REDIS_URL: url }).redisUrl).toBe(url);
   });
 
   it('never gives the headers longer than the whole request (regression: REQUEST_TIMEOUT_MS under 10000 alone crashed start-up)', () => {
