@@ -1,4 +1,4 @@
-import { access, constants } from 'node:fs/promises';
+import { access, constants, stat } from 'node:fs/promises';
 import { isAbsolute, relative } from 'node:path';
 import type { DestinationStream } from 'pino';
 import { createAdminApp, type AdminReloadResult } from './admin/app.js';
@@ -193,7 +193,8 @@ async function loadTables(parts: Parts): Promise<TableHolder> {
   });
   // A file that cannot be read is a wrong LIMITS_FILE: one line naming it (README "Running it").
   const unreadable = await access(settings.limitsFile, constants.R_OK).then(
-    () => undefined,
+    // A directory passes access() and fails only when read.
+    async () => ((await stat(settings.limitsFile)).isFile() ? undefined : 'not a file'),
     (err: NodeJS.ErrnoException) => (err.code === 'ENOENT' ? 'file not found' : 'file cannot be read'),
   );
   if (unreadable) throw new StartupError(`LIMITS_FILE=${displayName(settings.limitsFile)}: ${unreadable}`, 'setting');

@@ -97,6 +97,14 @@ describe('a start-up step that fails', () => {
     await expectNothingOpen();
   });
 
+  it('(a LIMITS_FILE that is a directory) says so in one line naming LIMITS_FILE', async () => {
+    const err = await start({ LIMITS_FILE: dir });
+    expect(err).toBeInstanceOf(StartupError);
+    expect((err as StartupError).reason).toBe('setting');
+    expect((err as Error).message).toBe(`LIMITS_FILE=${dir}: not a file`);
+    await expectNothingOpen();
+  });
+
   it('(a REDIS_URL database the server does not have) says so in one line naming REDIS_URL', async () => {
     // ioredis would go on in database 0, and the counters and issued keys be another database's.
     const err = await start({ REDIS_URL: `${redis.url}/99` });
