@@ -534,6 +534,35 @@ describe('keys without Redis', () => {
   });
 });
 
+describe('a key change whose announcement fails', () => {
+  it('still answers 201 with the key, and 204 to its revocation (regression: 503, the key issued and never shown)', async () => {
+    // A Redis 7 ACL user gets no pub/sub channel unless given one (acl-pubsub-default resetchannels).
+    const redis = await startRedisServer();
+    const admin = redisClient(redis.url);
+    await admin.call('ACL', 'SETUSER', 'gateway', 'on', '>gateway-password', '~*', 'resetchannels', '+@all');
+    admin.disconnect();
+    const url = `redis://gateway:gateway-password@127.0.0.1:${redis.port}`;
+    const gw = await startTestGateway({ limits: LIMITS, redis: url, env: { API_KEY_MODE: 'registered' } });
+    try {
+      const reply = await issue(gw, 'unannounced');
+      expect(reply.status).toBe(201);
+      const { key } = reply.json<{ key: string }>();
+      expect((await call(gw, key)).status).toBe(200);
+      const revoked = await send(gw.adminUrl, {
+        method: 'DELETE',
+        path: '/admin/keys/unannounced',
+        headers: authHeader(),
+      });
+      expect(revoked.status).toBe(204);
+      expect((await call(gw, key)).status).toBe(401);
+      expect(gw.logText()).toContain('key change not announced');
+    } finally {
+      await gw.stop();
+      await redis.stop();
+    }
+  });
+});
+
 describe('a client guessing keys', () => {
   let gw: TestGateway;
   let redis: RedisProcess;
