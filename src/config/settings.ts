@@ -117,7 +117,8 @@ const redisUrl = v.pipe(
   // ioredis reads the path (or a `db` parameter) as the database number, and selects NaN for any
   // other text: the first connection then ends the process with a stack trace.
   v.check(
-    (s) => /^\d*$/.test(new URL(s).pathname.slice(1) || (new URL(s).searchParams.get('db') ?? '')),
+    // (A text that is no URL at all has its message from the check above, and passes this one.)
+    (s) => !URL.canParse(s) || /^\d*$/.test(new URL(s).pathname.slice(1) || (new URL(s).searchParams.get('db') ?? '')),
     'the path must be a database number, such as redis://redis:6379/0',
   ),
 );

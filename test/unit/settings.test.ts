@@ -45,6 +45,11 @@ const REFUSED: Array<[Record<string, string>, string]> = [
     'REDIS_URL=redis://…@127.0.0.1:6379/counters: the path must be a database number, such as redis://redis:6379/0',
   ],
   [
+    // regression: the database check parsed what was no URL and ended start-up with a stack trace
+    { ...BRIDGES, REDIS_URL: 'redis://[::1' },
+    'REDIS_URL=redis://[::1: must be a redis:// or rediss:// URL',
+  ],
+  [
     { ...BRIDGES, REDIS_URL: 'redis://127.0.0.1:6379?db=two' },
     'REDIS_URL=redis://127.0.0.1:6379?db=two: the path must be a database number, such as redis://redis:6379/0',
   ],
