@@ -10,6 +10,7 @@ import type { Logger } from '../observability/logger.js';
 import { connectWithin, createRedisClient, createSubscriber, isReady, type RedisClient } from '../redis/connection.js';
 import { RedisCounterStore } from '../redis/counter-store.js';
 import { RedisEventBus } from '../redis/events.js';
+import { evictingNodes } from '../redis/eviction.js';
 import { RedisIssuedKeyStore } from '../redis/issued-keys.js';
 import type { Closers } from './closers.js';
 import { StartupError } from './startup-error.js';
@@ -117,6 +118,15 @@ function watchConnection(redis: RedisClient, mode: FailureMode, logger: Logger):
   redis.on('ready', () => {
     if (wasReady) logger.warn('redis is back; counting in redis again');
     wasReady = true;
+    // Checked on every connection: the Redis behind the address may be another one now.
+    void evictingNodes(redis).then((nodes) => {
+      for (const { node, policy } of nodes) {
+        logger.warn(
+          { node, policy },
+          'redis may evict counters, and a key get its quota afresh: set maxmemory-policy noeviction',
+        );
+      }
+    });
   });
   redis.on('close', () => {
     if (wasReady) logger.warn({ mode }, 'redis connection lost');

@@ -5,6 +5,7 @@ import { Cluster, Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { connectWithin, createClusterClient, createRedisClient, type RedisClient } from '../../src/redis/connection.js';
 import { RedisCounterStore } from '../../src/redis/counter-store.js';
+import { evictingNodes } from '../../src/redis/eviction.js';
 import { UNDO_SCRIPT } from '../../src/redis/receipt-ledger.js';
 import { parseLimits } from '../../src/config/load-limits.js';
 import { CONSUME_SCRIPT } from '../../src/limits/count-rules.js';
@@ -86,6 +87,19 @@ describe('RedisCounterStore on a Redis Cluster, with keys in many slots', () => 
 });
 
 describe('the Cluster client', () => {
+  it('names each master whose maxmemory-policy may evict counters (docs/operations.md "Redis")', async () => {
+    expect(await evictingNodes(client)).toEqual([]);
+    const port = cluster.ports[1] as number;
+    const node = new Redis({ host: '127.0.0.1', port, maxRetriesPerRequest: 1 });
+    try {
+      await node.config('SET', 'maxmemory-policy', 'volatile-lru');
+      expect(await evictingNodes(client)).toEqual([{ node: `127.0.0.1:${port}`, policy: 'volatile-lru' }]);
+    } finally {
+      await node.config('SET', 'maxmemory-policy', 'noeviction');
+      node.disconnect();
+    }
+  });
+
   it('gets ready and counts through a seed address the cluster does not announce, a load balancer in front of it (regression: with node connections opened at once, its ready check failed again and again)', async () => {
     const seed = await startRedisProxy(cluster.ports[0] as number);
     const viaSeed = createClusterClient([{ host: '127.0.0.1', port: seed.port }], 1000);
