@@ -273,7 +273,7 @@ function rowsInText(text: string): RowInText[] {
     const line = lines[i] as string;
     if (/^\s*(#|$)/.test(line)) continue;
     // The next top-level key, or the end of the YAML document, ends the rows.
-    if (/^[^\s-]/.test(line) || /^(---|\.\.\.)(\s|$)/.test(line)) break;
+    if (/^[^\s-]/.test(line) || /^(---|\.\.\.)(\s|$)/.test(line)) return rows;
     const dash = /^([ \t]*)-([ \t]+|$)/.exec(line);
     const dashIndent = dash?.[1]?.length;
     rowIndent ??= dashIndent;
@@ -285,6 +285,10 @@ function rowsInText(text: string): RowInText[] {
     current.lastLine = i + 1;
     current.name ??= rowName(line, current.line === i + 1, current.keyIndent);
   }
+  // The rows run to the end of the file, and so does the last one: a parser that reaches the end
+  // in it (a bracket of its last line left open) stops past its last line.
+  const last = rows[rows.length - 1];
+  if (last) last.lastLine = lines.length;
   return rows;
 }
 
