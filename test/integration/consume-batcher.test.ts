@@ -12,7 +12,7 @@ import { startRedisProxy } from '../helpers/redis-proxy.js';
 
 /**
  * The batcher on a Redis of the file's own, whose INFO commandstats count the script
- * calls (README "Scale and performance" → "Counting costs one round trip").
+ * calls (docs/performance.md "Counting costs one round trip").
  */
 
 let own: RedisProcess;

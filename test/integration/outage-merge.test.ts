@@ -14,7 +14,7 @@ import {
 } from '../helpers/redis.js';
 
 /**
- * The merge of an outage's counts on a real Redis (README "When parts fail" → "Redis"): waves
+ * The merge of an outage's counts on a real Redis (docs/operations.md "When parts fail" → "Redis"): waves
  * of MERGE_CHUNK counters one after the other, and what a failed wave leaves to try again.
  */
 

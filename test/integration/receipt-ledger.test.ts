@@ -16,7 +16,7 @@ import {
 
 /**
  * The receipt ledger on a real Redis: units of calls whose answer never came are taken back
- * (README "When parts fail" → "Redis": no unit is counted twice), and only those.
+ * (docs/operations.md "When parts fail" → "Redis": no unit is counted twice), and only those.
  */
 
 const client = createRedisClient({ url: REDIS_URL, commandTimeoutMs: 1000 });
