@@ -93,6 +93,9 @@ const oneOf = <const T extends string>(values: readonly T[]) =>
   v.pipe(asText, v.picklist(values, mustBe(`one of ${values.join(', ')}`)));
 
 const protocolOf = (url: string): string | undefined => (URL.canParse(url) ? new URL(url).protocol : undefined);
+/** The scheme a URL is written with, valid or not (`http:` of `http://h:99999`, which names no port). */
+const schemeOf = (url: string): string => /^[A-Za-z][A-Za-z0-9+.-]*:/.exec(url)?.[0].toLowerCase() ?? '';
+const NOT_A_URL = 'is not a valid URL: check its host and port';
 const HOST = /^[A-Za-z0-9.:\-[\]]+$/;
 // RFC 9110 §5.1: a field name is a token.
 const HEADER_TOKEN = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
@@ -104,7 +107,8 @@ const RESERVED_HEADERS = new Set([
 
 const bridgeUrl = v.pipe(
   asText,
-  v.check((s) => /^https?:$/.test(protocolOf(s.trim()) ?? ''), mustBe('an http:// or https:// URL')),
+  v.check((s) => /^https?:$/.test(schemeOf(s.trim())), mustBe('an http:// or https:// URL')),
+  v.check((s) => URL.canParse(s.trim()), NOT_A_URL),
   v.transform((s) => new URL(s.trim())),
   v.check((url) => !url.username && !url.password, 'must not carry credentials'),
   v.check((url) => !url.search && !url.hash, 'must not have a query or fragment'),
@@ -113,7 +117,8 @@ const bridgeUrl = v.pipe(
 const redisUrl = v.pipe(
   asText,
   v.transform((s) => s.trim()),
-  v.check((s) => /^rediss?:$/.test(protocolOf(s) ?? ''), 'must be a redis:// or rediss:// URL'),
+  v.check((s) => /^rediss?:$/.test(schemeOf(s)), 'must be a redis:// or rediss:// URL'),
+  v.check((s) => URL.canParse(s), NOT_A_URL),
   // ioredis reads the path (or a `db` parameter) as the database number, and selects NaN for any
   // other text: the first connection then ends the process with a stack trace.
   v.check(

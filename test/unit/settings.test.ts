@@ -47,7 +47,7 @@ const REFUSED: Array<[Record<string, string>, string]> = [
   [
     // regression: the database check parsed what was no URL and ended start-up with a stack trace
     { ...BRIDGES, REDIS_URL: 'redis://[::1' },
-    'REDIS_URL=redis://[::1: must be a redis:// or rediss:// URL',
+    'REDIS_URL=redis://[::1: is not a valid URL: check its host and port',
   ],
   [
     { ...BRIDGES, REDIS_URL: 'redis://127.0.0.1:6379?db=two' },
@@ -60,6 +60,15 @@ const REFUSED: Array<[Record<string, string>, string]> = [
   [{ ...BRIDGES, REDIS_CLUSTER_NODES: '127.0.0.1' }, 'REDIS_CLUSTER_NODES=127.0.0.1: "127.0.0.1" is not host:port'],
   [{ ...BRIDGES, EQT_BRIDGE_URL: 'not a url' }, 'EQT_BRIDGE_URL=not a url: must be an http:// or https:// URL'],
   [{ ...BRIDGES, FNO_BRIDGE_URL: 'ftp://x' }, 'FNO_BRIDGE_URL=ftp://x: must be an http:// or https:// URL'],
+  // An http:// URL that does not parse is no wrong scheme: the line says what is wrong with it.
+  [
+    { ...BRIDGES, EQT_BRIDGE_URL: 'http://127.0.0.1:99999' },
+    'EQT_BRIDGE_URL=http://127.0.0.1:99999: is not a valid URL: check its host and port',
+  ],
+  [
+    { ...BRIDGES, REDIS_URL: 'redis://:secret@127.0.0.1:99999' },
+    'REDIS_URL=redis://…@127.0.0.1:99999: is not a valid URL: check its host and port',
+  ],
   [{ ...BRIDGES, UPSTREAM_TIMEOUT_MS: '0' }, 'UPSTREAM_TIMEOUT_MS=0: must be milliseconds (1-600000)'],
   [{ ...BRIDGES, API_KEY_HEADER: 'X API Key' }, 'API_KEY_HEADER=X API Key: must be an HTTP header name'],
   [
