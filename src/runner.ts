@@ -2,10 +2,12 @@ import { access, constants, stat } from 'node:fs/promises';
 import { isAbsolute, relative } from 'node:path';
 import type { DestinationStream } from 'pino';
 import { createAdminApp, type AdminReloadResult } from './admin/app.js';
+import { strayRoutes } from './config/route-settings.js';
 import type { Settings } from './config/settings.js';
 import { TableHolder, type ReloadResult } from './config/table-holder.js';
 import type { KeyRegistry } from './keys/registry.js';
 import { formatSourceError } from './lib/yaml-source.js';
+import type { LimitTable } from './limits/limit-table.js';
 import { Limiter } from './limits/limiter.js';
 import type { Clock } from './limits/windows.js';
 import { createLogger, type Logger } from './observability/logger.js';
@@ -198,11 +200,29 @@ async function loadTables(parts: Parts): Promise<TableHolder> {
     (err: NodeJS.ErrnoException) => (err.code === 'ENOENT' ? 'file not found' : 'file cannot be read'),
   );
   if (unreadable) throw new StartupError(`LIMITS_FILE=${displayName(settings.limitsFile)}: ${unreadable}`, 'setting');
+  tables.onChange((table) => warnOfStrayRoutes(settings, table, logger));
   const first = await tables.reload('start');
   if (!first.ok) throw new StartupError(first.errors.map(formatSourceError).join('\n'));
   tables.watch(options.watchPollMs);
   closers.add('limit table watch', () => tables.close());
   return tables;
+}
+
+/** Entries of `routing.routes` and `credential_routes` that name no route of the table do nothing: said on every load. */
+function warnOfStrayRoutes(settings: Settings, table: LimitTable, logger: Logger): void {
+  const stray = strayRoutes(settings, table);
+  if (stray.routing.length > 0) {
+    logger.warn(
+      { routes: stray.routing, bridge: settings.routing.defaultBridge },
+      'routing.routes names routes the limit table does not have: their requests go to the default bridge',
+    );
+  }
+  if (stray.credentialRoutes.length > 0) {
+    logger.warn(
+      { routes: stray.credentialRoutes },
+      'credential_routes names routes the limit table does not have: their bodies are not checked as credentials',
+    );
+  }
 }
 
 /** What every instance must learn at once from the others, and what follows a new table. */
