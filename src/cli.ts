@@ -83,7 +83,9 @@ function renderTable(table: LimitTable, file: string): string {
       .map((cell, i) => (i === 3 || i === 4 ? cell.padStart(widths[i] as number) : cell.padEnd(widths[i] as number)))
       .join('  ')
       .trimEnd() + '\n';
-  let out = `${file}: valid, ${table.rows.length} rows, timezone ${table.timezone}, ${table.hash}\n\n` + line(header);
+  let out =
+    `${file}: valid, ${table.rows.length} ${table.rows.length === 1 ? 'row' : 'rows'}, timezone ${table.timezone}, ${table.hash}\n\n` +
+    line(header);
   for (const row of table.rows) {
     out += line(rows[row.index] as string[]);
     for (const also of row.also)

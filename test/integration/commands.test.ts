@@ -1,6 +1,6 @@
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { mkdtempSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
@@ -148,6 +148,15 @@ describe('npx oapi-gateway', () => {
   it('check accepts the shipped example key file', async () => {
     const { stdout } = await runCli(['check', 'limits.yaml', '--keys', 'config/api-keys.example.yaml']);
     expect(stdout).toContain('config/api-keys.example.yaml: 1 key, valid');
+  });
+
+  it('check says "1 row" of a table of one row (it said "1 rows")', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'oapi-check-'));
+    const table = join(dir, 'limits.yaml');
+    writeFileSync(table, 'limits:\n  - { name: Orders, route: "GET /orders", per_hour: 1, per_day: 1 }\n');
+    const { stdout } = await runCli(['check', table]);
+    expect(stdout).toMatch(new RegExp(`^${table}: valid, 1 row, timezone UTC, sha256:`));
+    rmSync(dir, { recursive: true, force: true });
   });
 
   it('check validates the key file against the plans of the table', async () => {
