@@ -1,4 +1,5 @@
 import { EventEmitter } from 'node:events';
+import { ReplyError } from 'ioredis';
 import { readEvent, type EventBus, type GatewayEvent } from '../events/bus.js';
 import type { RedisClient } from './connection.js';
 import { toStoreError } from './errors.js';
@@ -12,7 +13,8 @@ export class RedisEventBus implements EventBus {
   readonly #emitter = new EventEmitter();
   #readyOnce = false;
 
-  constructor(publisher: RedisClient, subscriber: RedisClient, channel: string) {
+  /** `onRefused`: Redis refused the subscription itself (an ACL user without the channel), not the connection. */
+  constructor(publisher: RedisClient, subscriber: RedisClient, channel: string, onRefused?: (reason: string) => void) {
     this.#publisher = publisher;
     this.#subscriber = subscriber;
     this.#channel = channel;
@@ -25,8 +27,9 @@ export class RedisEventBus implements EventBus {
       if (this.#readyOnce) this.#emitter.emit('event', { type: 'resync' } satisfies GatewayEvent);
       this.#readyOnce = true;
     });
-    subscriber.subscribe(channel).catch(() => {
-      // retried by ioredis when the connection comes back
+    subscriber.subscribe(channel).catch((err: unknown) => {
+      // A connection that fails is retried by ioredis when it comes back; a refusal is an answer.
+      if (err instanceof ReplyError) onRefused?.((err as Error).message);
     });
   }
 

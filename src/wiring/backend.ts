@@ -91,7 +91,13 @@ async function redisBackend(settings: Settings, options: BackendOptions, closers
   closers.add('redis subscriber', () => subscriber.disconnect());
   subscriber.on('error', () => {});
   void subscriber.connect().catch(() => {});
-  const events = new RedisEventBus(redis, subscriber, `${settings.redisKeyPrefix}events`);
+  const channel = `${settings.redisKeyPrefix}events`;
+  const events = new RedisEventBus(redis, subscriber, channel, (reason) =>
+    logger.error(
+      { channel, err: reason },
+      "redis refused the events channel: the other instances do not hear this one's blocks, usage resets and key changes at once; give the redis user the channel",
+    ),
+  );
   closers.add('event bus', () => events.close());
   const store = new RedisCounterStore(redis, settings.redisKeyPrefix);
   // Calls in doubt are settled while the connection is still there.

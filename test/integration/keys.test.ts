@@ -11,6 +11,7 @@ import {
   type GatewayPair,
   type TestGateway,
 } from '../helpers/gateway.js';
+import { waitFor } from '../helpers/faults.js';
 import { expectTwoFields, send } from '../helpers/http.js';
 import { redisClient, startRedisServer, type RedisProcess } from '../helpers/redis.js';
 
@@ -557,6 +558,54 @@ describe('a key change whose announcement fails', () => {
       expect((await call(gw, key)).status).toBe(401);
       expect(gw.logText()).toContain('key change not announced');
     } finally {
+      await gw.stop();
+      await redis.stop();
+    }
+  });
+});
+
+describe('regression: an events channel the Redis user may not subscribe to went untold', () => {
+  it('is logged as an error naming the channel', async () => {
+    const redis = await startRedisServer();
+    const admin = redisClient(redis.url);
+    await admin.call('ACL', 'SETUSER', 'gateway', 'on', '>gateway-password', '~*', 'resetchannels', '+@all');
+    admin.disconnect();
+    const gw = await startTestGateway({
+      limits: LIMITS,
+      redis: `redis://gateway:gateway-password@127.0.0.1:${redis.port}`,
+    });
+    try {
+      await waitFor('the refusal logged', () => gw.logs.some((l) => l.level === 'error'), 5000);
+      expect(gw.logs.filter((l) => l.level === 'error')).toEqual([
+        expect.objectContaining({
+          channel: `${gw.prefix}events`,
+          err: expect.stringMatching(/^NOPERM /) as unknown,
+          msg: expect.stringMatching(/^redis refused the events channel: /) as unknown,
+        }),
+      ]);
+    } finally {
+      await gw.stop();
+      await redis.stop();
+    }
+  });
+
+  it('is not logged when the user has the channel', async () => {
+    const redis = await startRedisServer();
+    const admin = redisClient(redis.url);
+    await admin.call('ACL', 'SETUSER', 'gateway', 'on', '>gateway-password', '~*', 'allchannels', '+@all');
+    admin.disconnect();
+    const gw = await startTestGateway({
+      limits: LIMITS,
+      redis: `redis://gateway:gateway-password@127.0.0.1:${redis.port}`,
+    });
+    const inspector = redisClient(redis.url);
+    const subscribers = async () =>
+      ((await inspector.call('PUBSUB', 'NUMSUB', `${gw.prefix}events`)) as [string, number])[1];
+    try {
+      await waitFor('the subscription', async () => (await subscribers()) === 1, 5000);
+      expect(gw.logs.filter((l) => l.level === 'error')).toEqual([]);
+    } finally {
+      inspector.disconnect();
       await gw.stop();
       await redis.stop();
     }
