@@ -199,7 +199,10 @@ async function loadTables(parts: Parts): Promise<TableHolder> {
     async () => ((await stat(settings.limitsFile)).isFile() ? undefined : 'not a file'),
     (err: NodeJS.ErrnoException) => (err.code === 'ENOENT' ? 'file not found' : 'file cannot be read'),
   );
-  if (unreadable) throw new StartupError(`LIMITS_FILE=${displayName(settings.limitsFile)}: ${unreadable}`, 'setting');
+  if (unreadable) {
+    const origin = settings.limitsFileOrigin ? ` (${settings.limitsFileOrigin})` : '';
+    throw new StartupError(`LIMITS_FILE=${displayName(settings.limitsFile)}${origin}: ${unreadable}`, 'setting');
+  }
   tables.onChange((table) => warnOfStrayRoutes(settings, table, logger));
   const first = await tables.reload('start');
   if (!first.ok) throw new StartupError(first.errors.map(formatSourceError).join('\n'));

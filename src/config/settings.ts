@@ -30,6 +30,11 @@ export interface Settings {
   readonly redisTimeoutMs: number;
   readonly redisKeyPrefix: string;
   readonly limitsFile: string;
+  /**
+   * Where `config/gateway.yaml` set the limits file (`limits_file in config/gateway.yaml`), for its
+   * error line; undefined when the environment or the default did.
+   */
+  readonly limitsFileOrigin: string | undefined;
   readonly bridges: Readonly<Record<BridgeName, URL>>;
   readonly upstreamTimeoutMs: number;
   readonly apiKeyHeader: string;
@@ -310,17 +315,26 @@ export function loadSettings(options: LoadOptions = {}): Settings {
   const cwd = options.cwd ?? process.cwd();
   const fromFile = readConfigFile(options.configFile ?? env.GATEWAY_CONFIG, cwd);
   const values = Object.fromEntries(FIELD_LIST.map(([name, f]) => [name, f.fallback])) as Values;
-  Object.assign(values, fromFile.values, fromEnvironment(env));
+  const fromEnv = fromEnvironment(env);
+  Object.assign(values, fromFile.values, fromEnv);
   checkTogether(values);
+  // A path the file set is named as such too: it is read from the working directory, not the file's.
+  const originOf = (name: 'limitsFile' | 'apiKeysFile'): string | undefined =>
+    fromEnv[name] === undefined && fromFile.values[name] !== undefined
+      ? `${FIELDS[name].env.toLowerCase()} in ${fromFile.name}`
+      : undefined;
 
   const file = (p: string): string => (isAbsolute(p) ? p : resolve(cwd, p));
   const apiKeysFile = file(values.apiKeysFile ?? DEFAULT_API_KEYS_FILE);
-  if (values.apiKeysFile && !existsSync(apiKeysFile))
-    throw new SettingsError(`API_KEYS_FILE=${values.apiKeysFile}: file not found`);
+  if (values.apiKeysFile && !existsSync(apiKeysFile)) {
+    const origin = originOf('apiKeysFile');
+    throw new SettingsError(`API_KEYS_FILE=${values.apiKeysFile}${origin ? ` (${origin})` : ''}: file not found`);
+  }
   const { eqt, fno, ...rest } = values;
   return {
     ...rest,
     limitsFile: file(values.limitsFile),
+    limitsFileOrigin: originOf('limitsFile'),
     bridges: { eqt: eqt as URL, fno: fno as URL },
     apiKeysFile,
     // The headers are part of the request: they can never have longer than all of it (Node refuses a longer headersTimeout).
@@ -358,7 +372,12 @@ function readConfigFile(name: string | undefined, cwd: string) {
   for (const [name, { env }] of FIELD_LIST) {
     if (written[env.toLowerCase()] != null) values[name] = result.output[env.toLowerCase()];
   }
-  return { values, routing: result.output.routing, credentialRoutes: result.output.credential_routes };
+  return {
+    name: configName,
+    values,
+    routing: result.output.routing,
+    credentialRoutes: result.output.credential_routes,
+  };
 }
 
 /** A setting's issue in the file reads `key message`, without the value when it is a secret. */

@@ -97,6 +97,17 @@ describe('a start-up step that fails', () => {
     await expectNothingOpen();
   });
 
+  it('(a limits_file of config/gateway.yaml that does not exist) says where it was set (regression: only LIMITS_FILE, which was not set)', async () => {
+    writeFileSync(join(dir, 'gw-missing-limits.yaml'), 'limits_file: no-such-limits.yaml\n');
+    // An empty variable is an unset one.
+    const err = await start({ LIMITS_FILE: '', GATEWAY_CONFIG: 'gw-missing-limits.yaml' });
+    expect(err).toBeInstanceOf(StartupError);
+    expect((err as Error).message).toBe(
+      `LIMITS_FILE=${join(dir, 'no-such-limits.yaml')} (limits_file in gw-missing-limits.yaml): file not found`,
+    );
+    await expectNothingOpen();
+  });
+
   it('(a LIMITS_FILE that is a directory) says so in one line naming LIMITS_FILE', async () => {
     const err = await start({ LIMITS_FILE: dir });
     expect(err).toBeInstanceOf(StartupError);

@@ -255,6 +255,19 @@ describe('settings from gateway.yaml', () => {
     expect(s.routing.routes.get('GET /orders')).toBe('eqt');
   });
 
+  // regression: a path set in the file was named only as its variable, which the user never set
+  it('names a key file or limits file it set that is not there as set there, and the variable as set in the environment', () => {
+    expect(fileMessage('api_keys_file: nope.yaml\n')).toBe(
+      'API_KEYS_FILE=nope.yaml (api_keys_file in gw.yaml): file not found',
+    );
+    expect(errorOf(() => withFile('api_keys_file: other.yaml\n', { API_KEYS_FILE: 'nope.yaml' }))).toBe(
+      'API_KEYS_FILE=nope.yaml: file not found',
+    );
+    expect(withFile('limits_file: rules/limits.yaml\n').limitsFileOrigin).toBe('limits_file in gw.yaml');
+    expect(withFile('limits_file: rules/limits.yaml\n', { LIMITS_FILE: 'x.yaml' }).limitsFileOrigin).toBeUndefined();
+    expect(withFile('port: 8080\n').limitsFileOrigin).toBeUndefined();
+  });
+
   it('names the file, line and key of a bad setting in gateway.yaml', () => {
     const dir = mkdtempSync(join(tmpdir(), 'oapi-settings-'));
     writeFileSync(join(dir, 'gw.yaml'), 'port: 8080\nredis_failure_mode: sometimes\n');
