@@ -13,7 +13,7 @@ export class RedisEventBus implements EventBus {
   readonly #emitter = new EventEmitter();
   #readyOnce = false;
 
-  /** `onRefused`: Redis refused the subscription itself (an ACL user without the channel), not the connection. */
+  /** `onRefused`: Redis refused this user the channel (NOPERM: an ACL user without it), not the connection. */
   constructor(publisher: RedisClient, subscriber: RedisClient, channel: string, onRefused?: (reason: string) => void) {
     this.#publisher = publisher;
     this.#subscriber = subscriber;
@@ -23,14 +23,34 @@ export class RedisEventBus implements EventBus {
       const event = readEvent(message);
       if (event) this.#emitter.emit('event', event);
     });
+    // ioredis subscribes again after a reconnect only to the channels it was subscribed to: a
+    // SUBSCRIBE that failed (queued while the connection was opening, then failed with it, as on a
+    // WRONGPASS or NOAUTH) is sent again here on each connection until it succeeds.
+    let subscribed = false;
+    let subscribing = false;
+    const subscribe = (): void => {
+      if (subscribed || subscribing) return;
+      subscribing = true;
+      subscriber.subscribe(channel).then(
+        () => {
+          subscribed = true;
+          subscribing = false;
+        },
+        (err: unknown) => {
+          subscribing = false;
+          // Only NOPERM is Redis refusing this user the channel; another answer (WRONGPASS, NOAUTH)
+          // failed the connection the SUBSCRIBE was queued on.
+          if (err instanceof ReplyError && (err as Error).message.startsWith('NOPERM'))
+            onRefused?.((err as Error).message);
+        },
+      );
+    };
     subscriber.on('ready', () => {
       if (this.#readyOnce) this.#emitter.emit('event', { type: 'resync' } satisfies GatewayEvent);
       this.#readyOnce = true;
+      subscribe();
     });
-    subscriber.subscribe(channel).catch((err: unknown) => {
-      // A connection that fails is retried by ioredis when it comes back; a refusal is an answer.
-      if (err instanceof ReplyError) onRefused?.((err as Error).message);
-    });
+    subscribe();
   }
 
   async publish(event: GatewayEvent): Promise<void> {

@@ -610,6 +610,29 @@ describe('regression: an events channel the Redis user may not subscribe to went
       await redis.stop();
     }
   });
+
+  it('regression: a user Redis does not take yet is no refusal of the channel, and the subscription follows once it is taken', async () => {
+    // The queued SUBSCRIBE failed with the WRONGPASS of the connection: it was logged as a refused
+    // channel ("give the redis user the channel"), and never sent again once the user was enabled.
+    const redis = await startRedisServer();
+    const admin = redisClient(redis.url);
+    await admin.call('ACL', 'SETUSER', 'gateway', 'off', '>gateway-password', '~*', 'allchannels', '+@all');
+    const gw = await startTestGateway({
+      limits: LIMITS,
+      redis: `redis://gateway:gateway-password@127.0.0.1:${redis.port}`,
+    });
+    const subscribers = async () =>
+      ((await admin.call('PUBSUB', 'NUMSUB', `${gw.prefix}events`)) as [string, number])[1];
+    try {
+      await admin.call('ACL', 'SETUSER', 'gateway', 'on');
+      await waitFor('the subscription', async () => (await subscribers()) === 1, 8000);
+      expect(gw.logText()).not.toContain('redis refused the events channel');
+    } finally {
+      admin.disconnect();
+      await gw.stop();
+      await redis.stop();
+    }
+  });
 });
 
 describe('a client guessing keys', () => {
