@@ -124,6 +124,8 @@ const redisUrl = v.pipe(
   v.transform((s) => s.trim()),
   v.check((s) => /^rediss?:$/.test(schemeOf(s)), 'must be a redis:// or rediss:// URL'),
   v.check((s) => URL.canParse(s), NOT_A_URL),
+  // Without a host ioredis connects to localhost, whatever else the text says (`redis:6379`).
+  v.check((s) => !URL.canParse(s) || new URL(s).hostname !== '', 'must name its host, such as redis://redis:6379'),
   // ioredis reads the path (or a `db` parameter) as the database number, and selects NaN for any
   // other text: the first connection then ends the process with a stack trace.
   v.check(

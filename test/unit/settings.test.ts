@@ -49,6 +49,9 @@ const REFUSED: Array<[Record<string, string>, string]> = [
     { ...BRIDGES, REDIS_URL: 'redis://[::1' },
     'REDIS_URL=redis://[::1: is not a valid URL: check its host and port',
   ],
+  // regression: ioredis connected to localhost, and `redis:6379` passed the database check with "379"
+  [{ ...BRIDGES, REDIS_URL: 'redis:6379' }, 'REDIS_URL=redis:6379: must name its host, such as redis://redis:6379'],
+  [{ ...BRIDGES, REDIS_URL: 'redis://' }, 'REDIS_URL=redis://: must name its host, such as redis://redis:6379'],
   [
     { ...BRIDGES, REDIS_URL: 'redis://127.0.0.1:6379?db=two' },
     'REDIS_URL=redis://127.0.0.1:6379?db=two: the path must be a database number, such as redis://redis:6379/0',
