@@ -33,14 +33,13 @@ function issuedKeysOnly(deps: AdminDeps): MiddlewareHandler {
 export async function usageAnswer(c: Context, deps: AdminDeps, keyHash: string): Promise<Response> {
   const table = c.get('table');
   const plan = deps.registry.lookup(keyHash)?.plan;
-  const usage = await deps.limiter.usage(keyHash, table.rows, table.calendar);
-  const now = Date.now();
-  const windows = table.calendar.at(now);
+  // The counts and the resets of one instant, the limiter's (its clock is the one requests are counted by).
+  const { at, windows, rows: usage } = await deps.limiter.usage(keyHash, table.rows, table.calendar);
   const window = (limit: number, used: number, end: number) => ({
     limit,
     used,
     remaining: Math.max(0, limit - used),
-    resetSeconds: secondsUntil(end, now),
+    resetSeconds: secondsUntil(end, at),
   });
   return c.json({
     endpoints: table.rows.map((row, i) => {

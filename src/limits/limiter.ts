@@ -50,6 +50,15 @@ export type Decision =
   /** `closed` failure mode while the store is away. */
   | { readonly kind: 'unavailable'; readonly allowed: false };
 
+/** A key's usage on some rows (Limiter.usage), in the windows of one instant. */
+export interface KeyUsage {
+  /** Epoch milliseconds of the reading; reset times are counted from it. */
+  readonly at: number;
+  readonly windows: Windows;
+  /** One per row asked for, in that order. */
+  readonly rows: readonly Usage[];
+}
+
 export interface LimitRequest {
   readonly keyHash: string;
   readonly row: LimitRow;
@@ -237,16 +246,21 @@ export class Limiter {
     return decide(counts.allowed, counts.hour, counts.day, limits, windows, 'insurance', shadow, now);
   }
 
-  /** What one key has used on the given rows, from the counter store. */
-  async usage(keyHash: string, rows: readonly LimitRow[], calendar: WindowCalendar): Promise<Usage[]> {
-    const windows = calendar.at(this.#clock.now());
+  /**
+   * What one key has used on the given rows, from the counter store, with the instant and windows
+   * it was read in: its resets count from that instant, on the limiter's clock (a usage read across
+   * a window boundary must not pair the old window's counts with the new window's reset).
+   */
+  async usage(keyHash: string, rows: readonly LimitRow[], calendar: WindowCalendar): Promise<KeyUsage> {
+    const at = this.#clock.now();
+    const windows = calendar.at(at);
     const ids = rows.map((row) => ({
       counterId: row.counterId,
       hourStart: windows.hourStart / 1000,
       dayStart: windows.dayStart / 1000,
       zone: calendar.timezone,
     }));
-    return this.#store.usage(keyHash, ids);
+    return { at, windows, rows: await this.#store.usage(keyHash, ids) };
   }
 
   /** Drops a key's counters on the given rows, in the store and in this instance's memory. */

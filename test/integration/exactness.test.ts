@@ -138,6 +138,28 @@ describe('windows over time', () => {
     expect(nextDay.status).toBe(200);
     expect(nextDay.headers['x-ratelimit-remaining-day']).toBe('4');
   });
+
+  it('reports usage on the clock the requests are counted by: the counts and resets of one instant', async () => {
+    clock.set(at('13:59:59.250'));
+    const key = `usage-clock-${Date.now()}`;
+    for (let i = 0; i < 3; i++) expect((await call(key)).status).toBe(200);
+    expect((await call(key)).headers.ratelimit).toBe('"hour";r=0;t=1, "day";r=2;t=36001');
+    const usage = async () => {
+      const reply = await send(gw.adminUrl, { path: `/admin/usage/${key}`, headers: authHeader() });
+      expect(reply.status).toBe(200);
+      const { endpoints } = reply.json<{ endpoints: Array<{ route: string; hour: unknown; day: unknown }> }>();
+      return endpoints.find((e) => e.route === 'GET /symbols');
+    };
+    expect(await usage()).toMatchObject({
+      hour: { limit: 3, used: 3, remaining: 0, resetSeconds: 1 },
+      day: { limit: 5, used: 3, remaining: 2, resetSeconds: 36001 },
+    });
+    clock.set(at('14:00:00'));
+    expect(await usage()).toMatchObject({
+      hour: { limit: 3, used: 0, remaining: 3, resetSeconds: 3600 },
+      day: { limit: 5, used: 3, remaining: 2, resetSeconds: 36000 },
+    });
+  });
 });
 
 describe('the shipped limits.yaml over time', () => {

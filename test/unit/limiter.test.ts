@@ -242,7 +242,7 @@ describe('Limiter', () => {
     mergesWork();
     expect(await limiter.mergeWaiting()).toBe(0);
     expect(store.merges).toHaveLength(3);
-    expect(await limiter.usage('a', [small], t.calendar)).toEqual([{ hour: 1, day: 1 }]);
+    expect((await limiter.usage('a', [small], t.calendar)).rows).toEqual([{ hour: 1, day: 1 }]);
     expect(await limiter.mergeWaiting()).toBe(0); // nothing waits: nothing is sent
     expect(store.merges).toHaveLength(3);
   });
