@@ -1,6 +1,6 @@
 import { Hono } from 'hono';
 import type { AdminDeps } from './app.js';
-import { refusal } from './common.js';
+import { announce, refusal } from './common.js';
 
 /**
  * Addresses the invalid-key guard blocks (README "API keys and plans"): the list this instance
@@ -12,7 +12,11 @@ export function blocksApp(deps: AdminDeps): Hono {
   app.delete('/:address', async (c) => {
     const address = c.req.param('address');
     if (!(await deps.guard.unblock(address))) return refusal(c, 404, `Address ${address} is not blocked`);
-    await deps.events.publish({ type: 'address-unblocked', address });
+    await announce(
+      deps,
+      { type: 'address-unblocked', address },
+      'unblock not announced; other instances may refuse the address until its block ends',
+    );
     deps.logger.info({ address }, 'address unblocked');
     return c.body(null, 204);
   });

@@ -2,7 +2,7 @@ import { Hono } from 'hono';
 import { KEY_ID } from '../keys/key-file.js';
 import { shortKeyHash } from '../observability/logger.js';
 import type { AdminDeps } from './app.js';
-import { refusal, withTable } from './common.js';
+import { announce, refusal, withTable } from './common.js';
 import { resetAnswer, usageAnswer } from './usage.js';
 
 /** Issued API keys (README "API keys and plans"): issue, list, revoke. */
@@ -10,13 +10,10 @@ export function keysApp(deps: AdminDeps): Hono {
   const { registry, tables, logger } = deps;
   const app = new Hono();
 
-  // The change is made: an announcement that fails (Redis away a moment, an ACL without pub/sub) must
-  // not answer 503 for it, which would lose the key shown once. The other instances also follow the
+  // A 503 for a change made would lose the key shown once. The other instances also follow the
   // version of the issued keys, within half a second (README "API keys and plans": revocation).
-  const announce = (): Promise<void> =>
-    deps.events.publish({ type: 'keys-changed' }).catch((err: Error) => {
-      logger.warn({ err: err.message }, 'key change not announced; other instances see it within a second');
-    });
+  const announced = (): Promise<void> =>
+    announce(deps, { type: 'keys-changed' }, 'key change not announced; other instances see it within a second');
 
   app.post('/', async (c) => {
     const body: unknown = await c.req.json().catch(() => undefined);
@@ -30,7 +27,7 @@ export function keysApp(deps: AdminDeps): Hono {
     }
     const result = await registry.create(id, typeof plan === 'string' ? plan : undefined);
     if (!result.created) return refusal(c, 409, `A key with id "${id}" exists`);
-    await announce();
+    await announced();
     logger.info({ keyId: id, plan: result.record.plan, key: shortKeyHash(result.record.sha256) }, 'api key issued');
     return c.json({ id, key: result.key, plan: result.record.plan ?? null }, 201);
   });
@@ -65,7 +62,7 @@ export function keysApp(deps: AdminDeps): Hono {
     const result = await registry.revoke(id);
     if (result === 'in-key-file') return refusal(c, 409, `Key "${id}" comes from the key file: remove it there`);
     if (result === 'not-found') return refusal(c, 404, `No key with id "${id}"`);
-    await announce();
+    await announced();
     logger.info({ keyId: id }, 'api key revoked');
     return c.body(null, 204);
   });

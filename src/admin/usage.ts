@@ -4,7 +4,7 @@ import { limitsFor } from '../limits/limit-table.js';
 import { secondsUntil } from '../limits/windows.js';
 import type { AdminDeps } from './app.js';
 import { StoreUnavailableError } from '../limits/store.js';
-import { refusal, withTable } from './common.js';
+import { announce, refusal, withTable } from './common.js';
 
 /**
  * A key's usage on every row, in table order, and its reset (docs/operations.md "The admin listener"). The key
@@ -58,6 +58,10 @@ export async function usageAnswer(c: Context, deps: AdminDeps, keyHash: string):
 /** Resets one key's counters on every row, on every instance at once. */
 export async function resetAnswer(c: Context, deps: AdminDeps, keyHash: string): Promise<Response> {
   await deps.limiter.reset(keyHash, c.get('table').rows);
-  await deps.events.publish({ type: 'usage-reset', keyHash });
+  await announce(
+    deps,
+    { type: 'usage-reset', keyHash },
+    'usage reset not announced; other instances may refuse the key from memory until its window ends',
+  );
   return c.body(null, 204);
 }

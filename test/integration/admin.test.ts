@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ADMIN_TOKEN, authHeader, startTestGateway, type TestGateway } from '../helpers/gateway.js';
 import { expectTwoFields, rawExchange, send } from '../helpers/http.js';
-import { startRedisServer } from '../helpers/redis.js';
+import { redisClient, startRedisServer } from '../helpers/redis.js';
 
 /** The admin listener (docs/operations.md "The admin listener"), over real sockets. */
 
@@ -308,6 +308,39 @@ describe('a store that does not answer', () => {
     } finally {
       await down.stop();
       await own.stop();
+    }
+  });
+});
+
+describe('a usage reset or an unblock whose announcement fails', () => {
+  it('is made and answered 204, the failed announcement logged (regression: 503 "Counter store unavailable" for a change made)', async () => {
+    // A Redis 7 ACL user gets no pub/sub channel unless given one (acl-pubsub-default resetchannels).
+    const redis = await startRedisServer();
+    const acl = redisClient(redis.url);
+    await acl.call('ACL', 'SETUSER', 'gateway', 'on', '>gateway-password', '~*', 'resetchannels', '+@all');
+    acl.disconnect();
+    const url = `redis://gateway:gateway-password@127.0.0.1:${redis.port}`;
+    const own = await startTestGateway({ limits: LIMITS, redis: url, env: { INVALID_KEY_MAX_ATTEMPTS: '1' } });
+    const ownAdmin = (method: string, path: string) => send(own.adminUrl, { method, path, headers: authHeader() });
+    try {
+      const key = `unannounced-${Date.now()}`;
+      const call = () => send(own.url, { path: '/both/1', headers: { 'X-API-Key': key } });
+      for (let i = 0; i < 2; i++) expect((await call()).status).toBe(200);
+      expect((await call()).status).toBe(429);
+      expect((await ownAdmin('DELETE', `/admin/usage/${key}`)).status).toBe(204);
+      expect((await call()).status).toBe(200);
+      expect(own.logText()).toContain('usage reset not announced');
+
+      // Missing keys past INVALID_KEY_MAX_ATTEMPTS: the address is blocked, valid key or not.
+      for (let i = 0; i < 2; i++) await send(own.url, { path: '/both/1' });
+      expect((await send(own.url, { path: '/both/1', headers: { 'X-API-Key': key } })).status).toBe(429);
+      expect((await ownAdmin('DELETE', '/admin/blocks/127.0.0.1')).status).toBe(204);
+      expect((await call()).status).toBe(200);
+      expect(own.logText()).toContain('unblock not announced');
+      expect(own.logText()).toContain('"msg":"address unblocked"');
+    } finally {
+      await own.stop();
+      await redis.stop();
     }
   });
 });
