@@ -147,6 +147,7 @@ export function createPublicServer(
   });
 
   server.on('upgrade', function gatedUpgrade(req: IncomingMessage, socket: Duplex, head: Buffer) {
+    handedOver(socket);
     order.whenIdle(socket, function upgradeInTurn(open) {
       if (!open) return void socket.destroy();
       const refusal = gateRefusal(req, settings.maxHeaderCount, true);
@@ -156,6 +157,7 @@ export function createPublicServer(
   });
 
   server.on('connect', function refuseConnect(req: IncomingMessage, socket: Duplex) {
+    handedOver(socket);
     order.whenIdle(socket, function connectInTurn(open) {
       if (!open) return void socket.destroy();
       refuse.linger(socket, 501, 'not-implemented', 'CONNECT is not supported', req);
@@ -164,6 +166,15 @@ export function createPublicServer(
 
   server.on('clientError', clientErrorHandler(order, observe.logger, refuse));
   return { server, inFlight: () => order.inFlight };
+}
+
+/**
+ * A connection Node has handed over (an upgrade, CONNECT) has lost Node's own 'error' listener with
+ * its parser, and may wait for the answers before it (pipelining): a client that resets it meanwhile
+ * would raise an 'error' nobody listens to, which ends the process. It is destroyed instead.
+ */
+function handedOver(socket: Duplex): void {
+  socket.on('error', () => socket.destroy());
 }
 
 /**

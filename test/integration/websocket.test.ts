@@ -1310,3 +1310,39 @@ describe('regression: a bridge refusal whose body stalls held both sockets for g
     }
   });
 });
+
+describe('regression: a client that reset its connection while its upgrade waited behind a pipelined answer ended the process', () => {
+  // Node takes its own 'error' listener off a connection it hands over (an upgrade, CONNECT); one
+  // that waits for the answer before it had none, and the client's reset was an uncaught ECONNRESET.
+  const handedOver = {
+    'a WebSocket upgrade': upgradeRequest('/ws/orders', [`X-API-Key: ${newKey('reset')}`]),
+    CONNECT: 'CONNECT 127.0.0.1:22 HTTP/1.1\r\nHost: 127.0.0.1:22\r\n\r\n',
+  };
+  for (const [name, request] of Object.entries(handedOver)) {
+    it(`(${name}) is destroyed, and the gateway goes on serving`, async () => {
+      const slow = await startBridge({ httpDelayMs: 600 });
+      const behind = await startTestGateway({ limits: LIMITS, env: { ...FAST_ENV, EQT_BRIDGE_URL: slow.url } });
+      const uncaught: unknown[] = [];
+      const onUncaught = (err: unknown): void => void uncaught.push(err);
+      process.on('uncaughtException', onUncaught);
+      try {
+        const key = newKey('reset');
+        const socket = net.connect({ port: behind.port, host: '127.0.0.1' });
+        socket.on('error', () => {});
+        await new Promise((resolve) => socket.once('connect', resolve));
+        socket.write(`GET /orders HTTP/1.1\r\nHost: 127.0.0.1\r\nX-API-Key: ${key}\r\n\r\n${request}`);
+        await waitFor(() => slow.httpRequests.length === 1, 3000, 'the order to reach the bridge');
+        // The order's answer is still on its way (the bridge takes 600 ms): the second request waits for it.
+        socket.resetAndDestroy();
+        await sleep(900);
+        expect(uncaught).toEqual([]);
+        const reply = await send(behind.url, { path: '/orders', headers: { 'X-API-Key': key }, agent: false });
+        expect(reply.status).toBe(200);
+      } finally {
+        process.off('uncaughtException', onUncaught);
+        await behind.stop();
+        await slow.close();
+      }
+    });
+  }
+});
