@@ -1,6 +1,6 @@
 import type { ClientRequest, IncomingMessage, ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
-import type { Duplex } from 'node:stream';
+import { Transform, type Duplex } from 'node:stream';
 import type * as HttpProxyMiddleware from 'http-proxy-middleware';
 import type { RequestHandler } from 'http-proxy-middleware';
 import { BRIDGES, type BridgeName } from '../config/settings.js';
@@ -236,9 +236,10 @@ export class WebSocketProxy {
     }
     upgrade.state = 'answered';
     clearTimeout(upgrade.timer);
-    const { socket, answerHeaders, ownsCors } = upgrade.request;
+    const { socket, answerHeaders, ownsCors, incoming } = upgrade.request;
     upgrade.request.onDone(res.statusCode ?? 502);
-    passRefusal(socket, res, answerHeaders, ownsCors === true, this.#timeoutMs);
+    const chunking = incoming.httpVersionMajor === 1 && incoming.httpVersionMinor >= 1;
+    passRefusal(socket, res, answerHeaders, { ownsCors: ownsCors === true, chunking }, this.#timeoutMs);
   }
 
   #failed(upgrade: Upgrade, status: number, reason: Reason, message: string): void {
@@ -261,14 +262,15 @@ export class WebSocketProxy {
  * (README "Headers and answers", "Forwarding"): its status and fields but the hop-by-hop ones
  * (RFC 9110 §7.6.1; `Transfer-Encoding` among them: the body arrives here de-chunked), the usage
  * headers and `X-Request-Id` added, with CORS on the gateway's Access-Control-* fields alone
- * (README "CORS"). The body follows as it came, with the bridge's Content-Length or else delimited
- * by the close (RFC 9112 §6.3); then the connection closes lingering.
+ * (README "CORS"). The body follows as it came, with the bridge's Content-Length, or else chunked
+ * anew for an HTTP/1.1 client as the HTTP path's answers are (a body delimited by the close would
+ * pass for whole when the bridge's is cut short, RFC 9112 §6.3); then the connection closes lingering.
  */
 function passRefusal(
   socket: Duplex,
   res: IncomingMessage,
   answerHeaders: HeaderList,
-  ownsCors: boolean,
+  options: { ownsCors: boolean; chunking: boolean },
   idleMs: number,
 ): void {
   if (!socket.writable) {
@@ -276,10 +278,17 @@ function passRefusal(
     socket.destroy();
     return;
   }
-  const fields = responseHeaderList(res.rawHeaders, answerHeaders, ownsCors);
-  let head = `HTTP/1.1 ${res.statusCode ?? 502} ${res.statusMessage ?? ''}\r\n`;
+  const fields = responseHeaderList(res.rawHeaders, answerHeaders, options.ownsCors);
+  const status = res.statusCode ?? 502;
+  const chunked =
+    options.chunking &&
+    res.headers['content-length'] === undefined &&
+    status >= 200 &&
+    status !== 204 &&
+    status !== 304;
+  let head = `HTTP/1.1 ${status} ${res.statusMessage ?? ''}\r\n`;
   for (let i = 0; i < fields.length; i += 2) head += `${fields[i]}: ${fields[i + 1]}\r\n`;
-  head += 'Connection: close\r\n\r\n';
+  head += chunked ? 'Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n' : 'Connection: close\r\n\r\n';
   // (The parser hands header values over as latin1: written back byte for byte.)
   socket.write(Buffer.from(head, 'latin1'));
   // A client that leaves stops the bridge's answer too; a body cut short is not made to look complete.
@@ -298,9 +307,26 @@ function passRefusal(
     res.destroy();
   });
   res.once('error', () => socket.destroy());
-  res.once('end', () => {
+  const body = chunked ? res.pipe(chunkEncoder()) : res;
+  body.once('end', () => {
     clearTimeout(idle);
     endAndLinger(socket);
   });
-  res.pipe(socket, { end: false });
+  body.pipe(socket, { end: false });
 }
+
+/** Chunked transfer coding (RFC 9112 §7.1): only a complete body ends with the last chunk. */
+function chunkEncoder(): Transform {
+  return new Transform({
+    transform(chunk: Buffer, _encoding, done) {
+      if (chunk.length === 0) return done();
+      done(null, Buffer.concat([Buffer.from(`${chunk.length.toString(16)}\r\n`), chunk, CRLF]));
+    },
+    flush(done) {
+      done(null, LAST_CHUNK);
+    },
+  });
+}
+
+const CRLF = Buffer.from('\r\n');
+const LAST_CHUNK = Buffer.from('0\r\n\r\n');

@@ -1098,9 +1098,9 @@ describe('regression: an upgrade in its handshake at shutdown opened after it an
 
 /**
  * A bridge that refuses every upgrade with `answer` (the bytes of a whole HTTP answer) and keeps its
- * connection open, as a keep-alive server does.
+ * connection open, as a keep-alive server does; with `thenClose`, closes it (a FIN) right after.
  */
-async function startRefusingBridge(answer: string): Promise<RawBridge> {
+async function startRefusingBridge(answer: string, thenClose = false): Promise<RawBridge> {
   const sockets: Socket[] = [];
   const server = net.createServer((socket) => {
     sockets.push(socket);
@@ -1111,6 +1111,7 @@ async function startRefusingBridge(answer: string): Promise<RawBridge> {
       if (!head.includes('\r\n\r\n')) return;
       head = '';
       socket.write(answer);
+      if (thenClose) socket.end();
     });
   });
   await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
@@ -1186,7 +1187,8 @@ describe('a bridge that refuses the upgrade', () => {
       expect(answer.status).toBe(403);
       expect(answer.statusText).toBe('Forbidden');
       expect(answer.body).toBe(REFUSAL_BODY);
-      expect(answer.headers['transfer-encoding']).toBeUndefined();
+      // Chunked anew, as the HTTP path frames a body without Content-Length: the client read it whole.
+      expect(answer.headers['transfer-encoding']).toBe('chunked');
       expect(answer.headers['content-type']).toBe('application/json');
       expect(answer.headers['x-bridge-note']).toBe('refused');
       // The upgrade was counted: the usage headers are the gateway's, not the bridge's.
@@ -1203,6 +1205,37 @@ describe('a bridge that refuses the upgrade', () => {
       expect(line.reason).toBeUndefined();
     } finally {
       await cors.stop();
+      await refusing.close();
+    }
+  });
+});
+
+describe('regression: a chunked bridge refusal cut short reached the client as a whole body', () => {
+  it('is cut for the client too (docs/operations.md "Bridges": a cut answer, never a wrong one)', async () => {
+    // The first chunk, then the bridge closes without the last chunk.
+    const cutShort = CHUNKED_REFUSAL.slice(0, CHUNKED_REFUSAL.indexOf(REFUSAL_BODY.slice(20)));
+    const refusing = await startRefusingBridge(cutShort, true);
+    const behind = await startTestGateway({ limits: SMALL_LIMITS, env: { ...FAST_ENV, EQT_BRIDGE_URL: refusing.url } });
+    try {
+      const outcome = await withTimeout(
+        new Promise<string>((resolve) => {
+          const ws = new WebSocket(wsUrl(behind, '/ws/orders'), { headers: { 'X-API-Key': newKey('cut') } });
+          ws.on('error', () => {});
+          ws.once('open', () => resolve('opened'));
+          ws.once('unexpected-response', (_req, res) => {
+            let body = '';
+            res.on('data', (c: Buffer) => (body += c.toString('utf8')));
+            res.once('error', () => resolve(`cut after ${JSON.stringify(body)}`));
+            res.once('end', () => resolve(`whole: ${JSON.stringify(body)}`));
+          });
+        }),
+        5000,
+        'the refusal',
+      );
+      // Before the fix, the body was delimited by the gateway's close: "whole" at 20 of its 64 bytes.
+      expect(outcome).toBe(`cut after ${JSON.stringify(REFUSAL_BODY.slice(0, 20))}`);
+    } finally {
+      await behind.stop();
       await refusing.close();
     }
   });
