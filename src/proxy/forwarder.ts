@@ -204,6 +204,11 @@ class Attempt implements Dispatcher.DispatchHandler {
   }
 
   onHeaders(statusCode: number, rawHeaders: Buffer[], resume: () => void, statusText: string): boolean {
+    // undici reports an informational answer (102 Processing, 103 Early Hints) as a status line of
+    // its own, before the final one: it is not passed on, as nginx does not (it is only
+    // informational, RFC 9110 §15.2); taken for the answer, its head went out and the final one's
+    // could not follow.
+    if (statusCode < 200) return true;
     this.resume = resume;
     return this.#exchange.response(this, statusCode, rawHeaders, statusText);
   }

@@ -7,6 +7,7 @@ import { outputOf, waitForOutput } from './child-gateway.js';
  * close is the test's choice. `GET /orders/<mode>` picks the behaviour:
  *
  *  - `ok`             a complete 200 (kept alive)
+ *  - `informational`  a 102 Processing and a 103 Early Hints, then the complete 200 of `ok`
  *  - `reset-length`   status line, Content-Length 1000, part of the body, then a TCP reset
  *  - `close-chunked`  status line, chunked, one chunk, then a plain close (FIN) with no last chunk
  *  - `silent`         reads the request and never answers
@@ -74,7 +75,7 @@ export async function startFaultyBridge(): Promise<FaultyBridge> {
         headSeen = false;
         const asked = path.split('?')[0]?.split('/').at(-1) ?? '';
         const mode = asked === 'stale' ? (record.paths.length > 1 ? 'drop' : 'ok') : asked;
-        if (mode !== 'ok') stopped = true;
+        if (mode !== 'ok' && mode !== 'informational') stopped = true;
         answer(socket, mode);
         if (stopped) return;
       }
@@ -107,6 +108,10 @@ function answer(socket: net.Socket, mode: string): void {
       socket.write(
         `HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: ${OK_BODY.length}\r\n\r\n${OK_BODY}`,
       );
+      return;
+    case 'informational':
+      socket.write('HTTP/1.1 102 Processing\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </orders>; rel=preload\r\n\r\n');
+      answer(socket, 'ok');
       return;
     case 'reset-length':
       socket.write(partialHead + '{"partial":"', () => setTimeout(() => socket.resetAndDestroy(), 30));

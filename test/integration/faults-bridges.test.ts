@@ -164,6 +164,21 @@ describe('a bridge that breaks off its answer', () => {
   });
 });
 
+describe("regression: a bridge's informational answer (1xx) before its final one cut the client's connection", () => {
+  it('is not passed on: the client gets the final 200 whole, and the next request on the bridge connection works', async () => {
+    // undici hands a 102 or 103 to the handler as a status line of its own: the gateway wrote it as
+    // the answer's head and then failed on the 200's (headers already sent), closing the client's
+    // connection with nothing.
+    const key = newKey();
+    const out = await order('informational', key);
+    expect(out.error).toBeUndefined();
+    expect(out.reply?.status).toBe(200);
+    expect(out.reply?.text).toBe(OK_BODY);
+    for (const h of USAGE_HEADER_KEYS) expect(out.reply?.headers[h], h).toBeDefined();
+    await expectServingAndCounted(key, 1);
+  });
+});
+
 describe('the one resend: a GET is sent again only after meeting a kept-alive connection the bridge had closed', () => {
   // A gateway of its own for each test: its pool has no connection to the bridge until the test opens one.
   let own: TestGateway;
