@@ -110,8 +110,9 @@ async function runPrimary(settings: Settings): Promise<void> {
     if (message?.type === 'oapi:serving') serving.add(worker.id);
     else if (message?.type === 'oapi:cannot-listen') cannotListen(message.line);
   });
-  process.once('SIGTERM', () => shutdown('SIGTERM'));
-  process.once('SIGINT', () => shutdown('SIGINT'));
+  // Kept for the whole shutdown, as a single process does (main.ts): a second signal would end the primary at once.
+  process.on('SIGTERM', () => shutdown('SIGTERM'));
+  process.on('SIGINT', () => shutdown('SIGINT'));
 }
 
 /** The primary's gateway: the admin listener, no public one; a start-up error ends the process. */

@@ -12,6 +12,13 @@ function fail(message: string): never {
 }
 
 export async function main(): Promise<void> {
+  // A SIGHUP without a listener ends the process: one that asks for a reload while the gateway
+  // starts (its Redis connection may take seconds) is kept for when it serves (README "Running it").
+  let reloadAsked = false;
+  const askEarly = (): void => {
+    reloadAsked = true;
+  };
+  process.on('SIGHUP', askEarly);
   let settings: Settings;
   try {
     settings = loadSettings();
@@ -30,13 +37,20 @@ export async function main(): Promise<void> {
       fail(err.reason !== 'files' ? err.message : `the gateway cannot start:\n${err.message}`);
     throw err;
   });
+  process.off('SIGHUP', askEarly);
   process.on('SIGHUP', () => void gateway.reload('signal'));
+  if (reloadAsked) void gateway.reload('signal');
+  let stopping = false;
   const shutdown = (signal: string): void => {
+    if (stopping) return;
+    stopping = true;
     gateway.logger.info({ signal }, 'shutting down');
     void gateway.stop().then(() => process.exit(0));
   };
-  process.once('SIGTERM', () => shutdown('SIGTERM'));
-  process.once('SIGINT', () => shutdown('SIGINT'));
+  // Kept for the whole shutdown: a signal without a listener ends the process at once, and under
+  // `npm start` the gateway gets one twice (from the process group, and from npm passing it on).
+  process.on('SIGTERM', () => shutdown('SIGTERM'));
+  process.on('SIGINT', () => shutdown('SIGINT'));
 }
 
 await main();

@@ -1,7 +1,7 @@
 import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, readFileSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
-import type { AddressInfo } from 'node:net';
+import net, { type AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
@@ -150,6 +150,73 @@ describe.each([
     expect(() => process.kill(gw.pid, 0)).toThrow();
     expect(await ownConnections()).toBe(0);
     redis.disconnect();
+  });
+});
+
+describe.each(['SIGTERM', 'SIGINT'] as const)('%s sent twice', (signal) => {
+  // Under `npm start` a signal to the process group (Ctrl-C, systemd's default KillMode) reaches the
+  // gateway twice: from the group, and from npm passing it on.
+  it('regression: the second does not end the process before its graceful shutdown', async () => {
+    const gw = await startProcess();
+    const inFlight = send(gw.url, { path: '/orders/1?delay=700', headers: { 'X-API-Key': 'twice' }, agent: false });
+    await new Promise((r) => setTimeout(r, 200));
+    gw.child.kill(signal);
+    await new Promise((r) => setTimeout(r, 50));
+    gw.child.kill(signal);
+    const reply = await inFlight;
+    expect(reply.status).toBe(200);
+    expect(reply.text).toBe('{"slow":true}');
+    expect(await gw.exited).toBe(0);
+    expect(gw.log()).toContain('"msg":"gateway stopped"');
+  });
+});
+
+describe('SIGHUP while the gateway starts', () => {
+  it('regression: does not end the process, and reloads once it serves', async () => {
+    // A Redis that takes the connection and never answers holds the start-up in its connection wait.
+    const sockets: net.Socket[] = [];
+    let connected!: () => void;
+    const connecting = new Promise<void>((resolve) => (connected = resolve));
+    const silent = net.createServer((socket) => {
+      sockets.push(socket);
+      connected();
+    });
+    await new Promise<void>((r) => silent.listen(0, '127.0.0.1', r));
+    try {
+      const dir = mkdtempSync(join(tmpdir(), 'oapi-proc-'));
+      writeFileSync(join(dir, 'limits.yaml'), LIMITS);
+      const child = spawn(process.execPath, [join(ROOT, 'dist/main.js')], {
+        cwd: dir,
+        env: {
+          PATH: process.env.PATH,
+          LIMITS_FILE: join(dir, 'limits.yaml'),
+          PORT: '0',
+          HOST: '127.0.0.1',
+          ADMIN_PORT: '0',
+          ADMIN_TOKEN,
+          EQT_BRIDGE_URL: slowUrl,
+          FNO_BRIDGE_URL: slowUrl,
+          REDIS_URL: `redis://127.0.0.1:${(silent.address() as AddressInfo).port}`,
+          API_KEY_MODE: 'any',
+        },
+        stdio: ['ignore', 'pipe', 'pipe'],
+      });
+      children.push(child);
+      const output = outputOf(child);
+      await connecting;
+      child.kill('SIGHUP');
+      const { url } = await waitForListening(child, output);
+      const reply = await send(url, { path: '/orders/1', headers: { 'X-API-Key': 'early' }, agent: false });
+      expect(reply.status).toBe(200);
+      const deadline = Date.now() + 3000;
+      while (!output.stdout().includes('"trigger":"signal"') && Date.now() < deadline)
+        await new Promise((r) => setTimeout(r, 25));
+      expect(output.stdout()).toContain('"trigger":"signal"');
+      expect(child.signalCode).toBeNull();
+    } finally {
+      for (const socket of sockets) socket.destroy();
+      silent.close();
+    }
   });
 });
 

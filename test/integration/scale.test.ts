@@ -226,6 +226,27 @@ describe('WORKERS=2', () => {
   });
 });
 
+describe('WORKERS=2, SIGTERM sent twice', () => {
+  it('regression: the second does not end the primary, and the workers with it, before their graceful shutdown', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'oapi-workers-twice-'));
+    writeFileSync(join(dir, 'limits.yaml'), LIMITS);
+    const { child, output, log, exited } = await spawnWorkers(dir, 'workers-twice');
+    try {
+      const { url } = await waitForListening(child, output, { count: 3 });
+      expect((await send(url, { path: '/orders/1', headers: { 'X-API-Key': 'twice' }, agent: false })).status).toBe(
+        200,
+      );
+      child.kill('SIGTERM');
+      await new Promise((r) => setTimeout(r, 50));
+      child.kill('SIGTERM');
+      expect(await exited).toBe(0);
+      expect((log().match(/"msg":"gateway stopped"/g) ?? []).length).toBe(3);
+    } finally {
+      if (child.exitCode === null) child.kill('SIGKILL');
+    }
+  });
+});
+
 describe('WORKERS=2: the admin listener answers for the workers', () => {
   let dir: string;
   let gateway: WorkersProcess;
