@@ -1,4 +1,4 @@
-import { readFile } from 'node:fs/promises';
+import { readConfigFile } from '../lib/config-file.js';
 import * as v from 'valibot';
 import { parseRoute, type Route } from '../limits/route.js';
 import { isValidTimezone } from '../limits/windows.js';
@@ -98,15 +98,14 @@ const FILE = closed(
 type Table = v.InferOutput<typeof FILE>;
 type DraftRow = Omit<LimitRow, 'counterId'>;
 
+/** A limit table of thousands of rows is well under this; a larger file is refused unread (lib/config-file.ts). */
+export const MAX_LIMITS_FILE_BYTES = 1024 * 1024;
+
 export async function readLimitsFile(path: string, displayName = path): Promise<LimitsLoad> {
-  let text: string;
-  try {
-    text = await readFile(path, 'utf8');
-  } catch (err) {
-    const reason = (err as NodeJS.ErrnoException).code === 'ENOENT' ? 'file not found' : 'file cannot be read';
-    return { ok: false, errors: [{ file: displayName, line: 1, column: 1, message: reason }] };
-  }
-  return parseLimits(text, displayName);
+  const read = await readConfigFile(path, MAX_LIMITS_FILE_BYTES);
+  if ('problem' in read)
+    return { ok: false, errors: [{ file: displayName, line: 1, column: 1, message: read.problem }] };
+  return parseLimits(read.text, displayName);
 }
 
 export function parseLimits(text: string, file: string, loadedAt = new Date()): LimitsLoad {

@@ -1,4 +1,4 @@
-import { readFile } from 'node:fs/promises';
+import { readConfigFile } from '../lib/config-file.js';
 import * as v from 'valibot';
 import { YamlSource, type SourceError } from '../lib/yaml-source.js';
 import { closed, got, issuesOf, sourceErrors, valid, type Issue } from '../lib/yaml-schema.js';
@@ -57,20 +57,19 @@ const keyFile = (plans: ReadonlySet<string>) => {
  * `issuedIds`: the ids of the keys issued through the admin API that this instance knows. Ids are unique
  * across both ways of issuing (README "API keys and plans"), so an entry that takes one is refused.
  */
+/** Some eighty thousand keys; a larger file is refused unread (lib/config-file.ts). */
+export const MAX_KEY_FILE_BYTES = 8 * 1024 * 1024;
+
 export async function readKeyFile(
   path: string,
   displayName: string,
   plans: ReadonlySet<string>,
   issuedIds: ReadonlySet<string> = new Set(),
 ): Promise<KeyFileLoad> {
-  let text: string;
-  try {
-    text = await readFile(path, 'utf8');
-  } catch (err) {
-    const reason = (err as NodeJS.ErrnoException).code === 'ENOENT' ? 'file not found' : 'file cannot be read';
-    return { ok: false, errors: [{ file: displayName, line: 1, column: 1, message: reason }] };
-  }
-  return parseKeyFile(text, displayName, plans, issuedIds);
+  const read = await readConfigFile(path, MAX_KEY_FILE_BYTES);
+  if ('problem' in read)
+    return { ok: false, errors: [{ file: displayName, line: 1, column: 1, message: read.problem }] };
+  return parseKeyFile(read.text, displayName, plans, issuedIds);
 }
 
 export function parseKeyFile(

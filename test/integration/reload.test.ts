@@ -1,4 +1,5 @@
-import { mkdirSync, readFileSync, renameSync, symlinkSync, writeFileSync } from 'node:fs';
+import { execFileSync } from 'node:child_process';
+import { mkdirSync, readFileSync, renameSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
 import { join } from 'node:path';
 import { runCli } from '../helpers/cli.js';
@@ -266,6 +267,41 @@ describe('a reload under load', () => {
     } finally {
       agent.destroy();
       await gw.stop();
+    }
+  });
+});
+
+// regression: a FIFO in the table's place held the reload (and every one queued behind it) until
+// something wrote to it, and a file of hundreds of megabytes blocked the event loop for seconds.
+describe('a limits.yaml that is no table to read', () => {
+  let gw: TestGateway;
+  beforeAll(async () => {
+    gw = await startTestGateway({ limits: table(5, 10) });
+  });
+  afterAll(async () => {
+    await gw.stop();
+  });
+
+  it.each([
+    ['a FIFO', (path: string) => execFileSync('mkfifo', [path]), 'not a file'],
+    [
+      'a file over 1 MiB',
+      (path: string) => writeFileSync(path, `# ${'x'.repeat(2 * 1024 * 1024)}\n${table(7, 7)}`),
+      'file of 2.0 MiB, over the 1.0 MiB such a file may have',
+    ],
+  ])('(%s) is refused unread with one line, and the table in force stays', async (_what, make, message) => {
+    const before = await limitsHash(gw);
+    rmSync(gw.limitsPath);
+    make(gw.limitsPath);
+    try {
+      const reply = await admin(gw, '/admin/limits/reload', 'POST');
+      expect(reply.status).toBe(422);
+      expect(reply.json<{ errors: string[] }>().errors).toEqual([`${gw.limitsPath}:1:1: ${message}`]);
+      expect(await limitsHash(gw)).toBe(before);
+      expect(await orderListLimit(gw, `unread-${Date.now()}`)).toBe('5');
+    } finally {
+      rmSync(gw.limitsPath);
+      writeFileSync(gw.limitsPath, table(5, 10));
     }
   });
 });
