@@ -1,4 +1,3 @@
-import { access, constants, stat } from 'node:fs/promises';
 import { isAbsolute, relative } from 'node:path';
 import type { DestinationStream } from 'pino';
 import { createAdminApp, type AdminReloadResult } from './admin/app.js';
@@ -193,18 +192,13 @@ async function loadTables(parts: Parts): Promise<TableHolder> {
     logger,
     metrics,
   });
-  // A file that cannot be read is a wrong LIMITS_FILE: one line naming it (README "Running it").
-  const unreadable = await access(settings.limitsFile, constants.R_OK).then(
-    // A directory passes access() and fails only when read.
-    async () => ((await stat(settings.limitsFile)).isFile() ? undefined : 'not a file'),
-    (err: NodeJS.ErrnoException) => (err.code === 'ENOENT' ? 'file not found' : 'file cannot be read'),
-  );
-  if (unreadable) {
-    const origin = settings.limitsFileOrigin ? ` (${settings.limitsFileOrigin})` : '';
-    throw new StartupError(`LIMITS_FILE=${displayName(settings.limitsFile)}${origin}: ${unreadable}`, 'setting');
-  }
   tables.onChange((table) => warnOfStrayRoutes(settings, table, logger));
   const first = await tables.reload('start');
+  if (!first.ok && first.unread) {
+    // A file that cannot be read is a wrong LIMITS_FILE: one line naming it (README "Running it").
+    const origin = settings.limitsFileOrigin ? ` (${settings.limitsFileOrigin})` : '';
+    throw new StartupError(`LIMITS_FILE=${displayName(settings.limitsFile)}${origin}: ${first.unread}`, 'setting');
+  }
   if (!first.ok) throw new StartupError(first.errors.map(formatSourceError).join('\n'));
   tables.watch(options.watchPollMs);
   closers.add('limit table watch', () => tables.close());

@@ -1,8 +1,8 @@
-import { readConfigFile } from '../lib/config-file.js';
 import * as v from 'valibot';
 import { parseRoute, type Route } from '../limits/route.js';
 import { isValidTimezone } from '../limits/windows.js';
 import { buildTable, type LimitRow, type LimitTable, type Plan } from '../limits/limit-table.js';
+import { readConfigFile } from '../lib/config-file.js';
 import { YamlSource, type SourceError } from '../lib/yaml-source.js';
 import { closed, describe, got, issuesOf, mapping, sourceErrors, valid, type Issue } from '../lib/yaml-schema.js';
 
@@ -14,7 +14,9 @@ import { closed, describe, got, issuesOf, mapping, sourceErrors, valid, type Iss
  */
 
 export type LimitsLoad =
-  { readonly ok: true; readonly table: LimitTable } | { readonly ok: false; readonly errors: readonly SourceError[] };
+  | { readonly ok: true; readonly table: LimitTable }
+  /** `unread`: why the file was not read at all (lib/config-file.ts), when it was not. */
+  | { readonly ok: false; readonly errors: readonly SourceError[]; readonly unread?: string };
 
 const positiveInteger = (field: string) =>
   valid(v.number, (n) => Number.isSafeInteger(n) && n > 0, got(`${field} must be a positive integer`));
@@ -103,8 +105,13 @@ export const MAX_LIMITS_FILE_BYTES = 1024 * 1024;
 
 export async function readLimitsFile(path: string, displayName = path): Promise<LimitsLoad> {
   const read = await readConfigFile(path, MAX_LIMITS_FILE_BYTES);
-  if ('problem' in read)
-    return { ok: false, errors: [{ file: displayName, line: 1, column: 1, message: read.problem }] };
+  if ('problem' in read) {
+    return {
+      ok: false,
+      unread: read.problem,
+      errors: [{ file: displayName, line: 1, column: 1, message: read.problem }],
+    };
+  }
   return parseLimits(read.text, displayName);
 }
 

@@ -97,7 +97,8 @@ const text = (what: string, pattern = /./) =>
 const oneOf = <const T extends string>(values: readonly T[]) =>
   v.pipe(asText, v.picklist(values, mustBe(`one of ${values.join(', ')}`)));
 
-const protocolOf = (url: string): string | undefined => (URL.canParse(url) ? new URL(url).protocol : undefined);
+const urlOf = (text: string): URL | undefined => (URL.canParse(text) ? new URL(text) : undefined);
+const protocolOf = (url: string): string | undefined => urlOf(url)?.protocol;
 /** The scheme a URL is written with, valid or not (`http:` of `http://h:99999`, which names no port). */
 const schemeOf = (url: string): string => /^[A-Za-z][A-Za-z0-9+.-]*:/.exec(url)?.[0].toLowerCase() ?? '';
 const NOT_A_URL = 'is not a valid URL: check its host and port';
@@ -124,15 +125,15 @@ const redisUrl = v.pipe(
   v.transform((s) => s.trim()),
   v.check((s) => /^rediss?:$/.test(schemeOf(s)), 'must be a redis:// or rediss:// URL'),
   v.check((s) => URL.canParse(s), NOT_A_URL),
+  // (A text that is no URL at all has its message from the check above, and passes the two below.)
   // Without a host ioredis connects to localhost, whatever else the text says (`redis:6379`).
-  v.check((s) => !URL.canParse(s) || new URL(s).hostname !== '', 'must name its host, such as redis://redis:6379'),
+  v.check((s) => urlOf(s)?.hostname !== '', 'must name its host, such as redis://redis:6379'),
   // ioredis reads the path (or a `db` parameter) as the database number, and selects NaN for any
   // other text: the first connection then ends the process with a stack trace.
-  v.check(
-    // (A text that is no URL at all has its message from the check above, and passes this one.)
-    (s) => !URL.canParse(s) || /^\d*$/.test(new URL(s).pathname.slice(1) || (new URL(s).searchParams.get('db') ?? '')),
-    'the path must be a database number, such as redis://redis:6379/0',
-  ),
+  v.check((s) => {
+    const url = urlOf(s);
+    return !url || /^\d*$/.test(url.pathname.slice(1) || (url.searchParams.get('db') ?? ''));
+  }, 'the path must be a database number, such as redis://redis:6379/0'),
 );
 
 /** A comma-separated list, blanks dropped. */

@@ -15,7 +15,7 @@ import { formatSourceError, type SourceError } from '../lib/yaml-source.js';
 export type ReloadTrigger = 'start' | 'file' | 'signal' | 'admin';
 export type ReloadResult =
   | { readonly ok: true; readonly table: LimitTable; readonly changed: boolean }
-  | { readonly ok: false; readonly errors: readonly SourceError[] };
+  | { readonly ok: false; readonly errors: readonly SourceError[]; readonly unread?: string };
 
 export class TableHolder {
   readonly path: string;

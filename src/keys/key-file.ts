@@ -1,5 +1,5 @@
-import { readConfigFile } from '../lib/config-file.js';
 import * as v from 'valibot';
+import { readConfigFile } from '../lib/config-file.js';
 import { YamlSource, type SourceError } from '../lib/yaml-source.js';
 import { closed, got, issuesOf, sourceErrors, valid, type Issue } from '../lib/yaml-schema.js';
 
@@ -53,13 +53,13 @@ const keyFile = (plans: ReadonlySet<string>) => {
   return v.nullish(file, { keys: [] });
 };
 
+/** Some eighty thousand keys; a larger file is refused unread (lib/config-file.ts). */
+export const MAX_KEY_FILE_BYTES = 8 * 1024 * 1024;
+
 /**
  * `issuedIds`: the ids of the keys issued through the admin API that this instance knows. Ids are unique
  * across both ways of issuing (README "API keys and plans"), so an entry that takes one is refused.
  */
-/** Some eighty thousand keys; a larger file is refused unread (lib/config-file.ts). */
-export const MAX_KEY_FILE_BYTES = 8 * 1024 * 1024;
-
 export async function readKeyFile(
   path: string,
   displayName: string,
