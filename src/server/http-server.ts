@@ -334,7 +334,7 @@ function appAnswersFailure({ req, res }: Exchange, failure: ClientFailure): void
   socket.destroySoon = () => endAndLinger(socket);
   // Whatever the app answers closes the connection (a 429 once the counting is back, say): the
   // parser has failed on it, or the rest of the body may still come, and no next request on it is
-  // served (closing() below).
+  // served (closing() above).
   res.shouldKeepAlive = false;
   markClientFailure(req, failure);
   setTimeout(() => {
