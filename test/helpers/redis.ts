@@ -252,3 +252,18 @@ export async function waitForPing(
   }
   throw new Error(`redis on port ${port} did not answer within ${timeoutMs} ms`);
 }
+
+/**
+ * A Redis of the test's own with an ACL user `gateway` that may use every key and command, and
+ * the pub/sub channels only with `allchannels` (Redis 7 gives a new user none: `resetchannels`).
+ * `url` logs in as that user; `admin` is the default user's connection, for ACL changes meanwhile.
+ */
+export async function startRedisWithUser(
+  channels: 'allchannels' | 'resetchannels',
+  state: 'on' | 'off' = 'on',
+): Promise<{ redis: RedisProcess; url: string; admin: Redis }> {
+  const redis = await startRedisServer();
+  const admin = redisClient(redis.url);
+  await admin.call('ACL', 'SETUSER', 'gateway', state, '>gateway-password', '~*', channels, '+@all');
+  return { redis, url: `redis://gateway:gateway-password@127.0.0.1:${redis.port}`, admin };
+}

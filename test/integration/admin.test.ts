@@ -1,7 +1,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { ADMIN_TOKEN, authHeader, startTestGateway, type TestGateway } from '../helpers/gateway.js';
 import { expectTwoFields, rawExchange, send } from '../helpers/http.js';
-import { redisClient, startRedisServer } from '../helpers/redis.js';
+import { startRedisServer, startRedisWithUser } from '../helpers/redis.js';
 
 /** The admin listener (docs/operations.md "The admin listener"), over real sockets. */
 
@@ -314,12 +314,8 @@ describe('a store that does not answer', () => {
 
 describe('a usage reset or an unblock whose announcement fails', () => {
   it('is made and answered 204, the failed announcement logged (regression: 503 "Counter store unavailable" for a change made)', async () => {
-    // A Redis 7 ACL user gets no pub/sub channel unless given one (acl-pubsub-default resetchannels).
-    const redis = await startRedisServer();
-    const acl = redisClient(redis.url);
-    await acl.call('ACL', 'SETUSER', 'gateway', 'on', '>gateway-password', '~*', 'resetchannels', '+@all');
+    const { redis, url, admin: acl } = await startRedisWithUser('resetchannels');
     acl.disconnect();
-    const url = `redis://gateway:gateway-password@127.0.0.1:${redis.port}`;
     const own = await startTestGateway({ limits: LIMITS, redis: url, env: { INVALID_KEY_MAX_ATTEMPTS: '1' } });
     const ownAdmin = (method: string, path: string) => send(own.adminUrl, { method, path, headers: authHeader() });
     try {

@@ -13,7 +13,7 @@ import {
 } from '../helpers/gateway.js';
 import { waitFor } from '../helpers/faults.js';
 import { expectTwoFields, send } from '../helpers/http.js';
-import { redisClient, startRedisServer, type RedisProcess } from '../helpers/redis.js';
+import { redisClient, startRedisServer, startRedisWithUser, type RedisProcess } from '../helpers/redis.js';
 
 /** API keys and plans (README "API keys and plans") over real sockets. */
 
@@ -537,12 +537,8 @@ describe('keys without Redis', () => {
 
 describe('a key change whose announcement fails', () => {
   it('still answers 201 with the key, and 204 to its revocation (regression: 503, the key issued and never shown)', async () => {
-    // A Redis 7 ACL user gets no pub/sub channel unless given one (acl-pubsub-default resetchannels).
-    const redis = await startRedisServer();
-    const admin = redisClient(redis.url);
-    await admin.call('ACL', 'SETUSER', 'gateway', 'on', '>gateway-password', '~*', 'resetchannels', '+@all');
+    const { redis, url, admin } = await startRedisWithUser('resetchannels');
     admin.disconnect();
-    const url = `redis://gateway:gateway-password@127.0.0.1:${redis.port}`;
     const gw = await startTestGateway({ limits: LIMITS, redis: url, env: { API_KEY_MODE: 'registered' } });
     try {
       const reply = await issue(gw, 'unannounced');
@@ -566,13 +562,11 @@ describe('a key change whose announcement fails', () => {
 
 describe('regression: an events channel the Redis user may not subscribe to went untold', () => {
   it('is logged as an error naming the channel', async () => {
-    const redis = await startRedisServer();
-    const admin = redisClient(redis.url);
-    await admin.call('ACL', 'SETUSER', 'gateway', 'on', '>gateway-password', '~*', 'resetchannels', '+@all');
+    const { redis, url, admin } = await startRedisWithUser('resetchannels');
     admin.disconnect();
     const gw = await startTestGateway({
       limits: LIMITS,
-      redis: `redis://gateway:gateway-password@127.0.0.1:${redis.port}`,
+      redis: url,
     });
     try {
       await waitFor('the refusal logged', () => gw.logs.some((l) => l.level === 'error'), 5000);
@@ -590,13 +584,11 @@ describe('regression: an events channel the Redis user may not subscribe to went
   });
 
   it('is not logged when the user has the channel', async () => {
-    const redis = await startRedisServer();
-    const admin = redisClient(redis.url);
-    await admin.call('ACL', 'SETUSER', 'gateway', 'on', '>gateway-password', '~*', 'allchannels', '+@all');
+    const { redis, url, admin } = await startRedisWithUser('allchannels');
     admin.disconnect();
     const gw = await startTestGateway({
       limits: LIMITS,
-      redis: `redis://gateway:gateway-password@127.0.0.1:${redis.port}`,
+      redis: url,
     });
     const inspector = redisClient(redis.url);
     const subscribers = async () =>
@@ -614,12 +606,10 @@ describe('regression: an events channel the Redis user may not subscribe to went
   it('regression: a user Redis does not take yet is no refusal of the channel, and the subscription follows once it is taken', async () => {
     // The queued SUBSCRIBE failed with the WRONGPASS of the connection: it was logged as a refused
     // channel ("give the redis user the channel"), and never sent again once the user was enabled.
-    const redis = await startRedisServer();
-    const admin = redisClient(redis.url);
-    await admin.call('ACL', 'SETUSER', 'gateway', 'off', '>gateway-password', '~*', 'allchannels', '+@all');
+    const { redis, url, admin } = await startRedisWithUser('allchannels', 'off');
     const gw = await startTestGateway({
       limits: LIMITS,
-      redis: `redis://gateway:gateway-password@127.0.0.1:${redis.port}`,
+      redis: url,
     });
     const subscribers = async () =>
       ((await admin.call('PUBSUB', 'NUMSUB', `${gw.prefix}events`)) as [string, number])[1];
