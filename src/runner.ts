@@ -109,7 +109,11 @@ function openLimiter(parts: Parts, backend: Backend): Limiter {
 
 async function start(parts: Parts): Promise<Gateway> {
   const { settings, options, logger, metrics, closers } = parts;
-  const backend = await openBackend(settings, { logger, clock: options.clock }, closers);
+  const backend = await openBackend(
+    settings,
+    { logger, clock: options.clock, merged: (counters, result) => metrics.merged(counters, result) },
+    closers,
+  );
   const limiter = openLimiter(parts, backend);
   const tables = await loadTables(parts);
   const keys = await assembleKeys(settings, backend, tables, logger, closers, {
@@ -232,8 +236,14 @@ function followEvents(
 ): void {
   const { registry, guard } = keys;
   backend.events.subscribe((event) => {
-    if (event.type === 'usage-reset') void limiter.forgetKey(event.keyHash, tables.current()?.rows ?? []);
-    else if (event.type === 'keys-changed') void registry.refresh().catch(() => {});
+    if (event.type === 'usage-reset') {
+      const rows = tables.current()?.rows ?? [];
+      void limiter.forgetKey(event.keyHash, rows);
+      void backend.forgetKey(
+        event.keyHash,
+        rows.map((row) => row.counterId),
+      );
+    } else if (event.type === 'keys-changed') void registry.refresh().catch(() => {});
     else if (event.type === 'address-blocked') guard.block(event.address, event.ms);
     else if (event.type === 'address-unblocked') void guard.unblock(event.address);
     else {

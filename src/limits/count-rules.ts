@@ -314,40 +314,48 @@ function acrossZones(
 const ARGS_PER_MERGE = 6;
 
 /**
- * mergeStep in Lua, for distinct counters. KEYS: the counters; ARGV: mergeArgs of each. A
- * counter whose day is new gets the entry's expiry; receipts (`rc:*`) are left as they are, so
- * the calls they name can still be taken back. Answers the number of counters.
+ * mergeStep in Lua, for distinct counters. KEYS: the counters; ARGV: the caller's mark field and
+ * the call's number, then mergeArgs of each counter. A counter whose mark is already at that
+ * number or past it is left as it is (a call sent again after its answer was lost: see
+ * redis/outage-merge.ts); the others get the mark. A counter whose day is new gets the entry's
+ * expiry; receipts (`rc:*`) are left as they are, so the calls they name can still be taken
+ * back. Answers the number of counters added to.
  */
 export const MERGE_SCRIPT = `
+local mark, seq = ARGV[1], tonumber(ARGV[2])
+local added = 0
 for i = 1, #KEYS do
-  local a = (i - 1) * ${ARGS_PER_MERGE}
-  local v = redis.call('HMGET', KEYS[i], 'hs', 'hc', 'ds', 'dc', 'tz')
-  local hs, hc = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  local ds, dc = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
-  local zone = ARGV[a + 6]
-  local shs, sds, stz = tonumber(v[1]), tonumber(v[3]), v[5] or nil
-  local newDay = not sds or sds < ds
-  if shs and zone ~= '' and stz and stz ~= zone then
-    -- Windows of two zones: those that overlap are one, in the counter's bounds; the zone is the day's.
-    newDay = false
-    if hs + ${HOUR_SECONDS} <= shs then hs, hc = shs, tonumber(v[2]) or 0
-    elseif shs + ${HOUR_SECONDS} > hs then hs, hc = shs, hc + (tonumber(v[2]) or 0) end
-    if sds + ${DAY_SECONDS} <= ds then newDay = true
-    elseif ds + ${DAY_SECONDS} <= sds then ds, dc, zone = sds, tonumber(v[4]) or 0, stz
-    else ds, dc, zone = sds, dc + (tonumber(v[4]) or 0), stz end
-  else
-    if shs and shs > hs then hs, hc = shs, tonumber(v[2]) or 0 elseif shs == hs then hc = hc + (tonumber(v[2]) or 0) end
-    if sds and sds > ds then ds, dc = sds, tonumber(v[4]) or 0 elseif sds == ds then dc = dc + (tonumber(v[4]) or 0) end
-    if zone == '' then zone = stz end
+  local a = 2 + (i - 1) * ${ARGS_PER_MERGE}
+  local v = redis.call('HMGET', KEYS[i], 'hs', 'hc', 'ds', 'dc', 'tz', mark)
+  if not (v[6] and tonumber(v[6]) >= seq) then
+    added = added + 1
+    local hs, hc = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+    local ds, dc = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+    local zone = ARGV[a + 6]
+    local shs, sds, stz = tonumber(v[1]), tonumber(v[3]), v[5] or nil
+    local newDay = not sds or sds < ds
+    if shs and zone ~= '' and stz and stz ~= zone then
+      -- Windows of two zones: those that overlap are one, in the counter's bounds; the zone is the day's.
+      newDay = false
+      if hs + ${HOUR_SECONDS} <= shs then hs, hc = shs, tonumber(v[2]) or 0
+      elseif shs + ${HOUR_SECONDS} > hs then hs, hc = shs, hc + (tonumber(v[2]) or 0) end
+      if sds + ${DAY_SECONDS} <= ds then newDay = true
+      elseif ds + ${DAY_SECONDS} <= sds then ds, dc, zone = sds, tonumber(v[4]) or 0, stz
+      else ds, dc, zone = sds, dc + (tonumber(v[4]) or 0), stz end
+    else
+      if shs and shs > hs then hs, hc = shs, tonumber(v[2]) or 0 elseif shs == hs then hc = hc + (tonumber(v[2]) or 0) end
+      if sds and sds > ds then ds, dc = sds, tonumber(v[4]) or 0 elseif sds == ds then dc = dc + (tonumber(v[4]) or 0) end
+      if zone == '' then zone = stz end
+    end
+    if zone and zone ~= stz then
+      redis.call('HSET', KEYS[i], 'hs', hs, 'hc', hc, 'ds', ds, 'dc', dc, 'tz', zone, mark, seq)
+    else
+      redis.call('HSET', KEYS[i], 'hs', hs, 'hc', hc, 'ds', ds, 'dc', dc, mark, seq)
+    end
+    if newDay then redis.call('PEXPIREAT', KEYS[i], ARGV[a + 5]) end
   end
-  if zone and zone ~= stz then
-    redis.call('HSET', KEYS[i], 'hs', hs, 'hc', hc, 'ds', ds, 'dc', dc, 'tz', zone)
-  else
-    redis.call('HSET', KEYS[i], 'hs', hs, 'hc', hc, 'ds', ds, 'dc', dc)
-  end
-  if newDay then redis.call('PEXPIREAT', KEYS[i], ARGV[a + 5]) end
 end
-return #KEYS
+return added
 `;
 
 /** The ARGV of one entry in a MERGE_SCRIPT call. */

@@ -72,7 +72,8 @@ export interface LimiterObserver {
   storeCall(): void;
   /**
    * Counters of insurance-counted units handed to the store once it was back: `ok` added,
-   * `failed` perhaps added, perhaps not (not tried again).
+   * `failed` perhaps added, perhaps not (not tried again). Those the store keeps to send again
+   * (MergeFailedError's `kept`) are reported by the store once they end.
    */
   merged?(counters: number, result: 'ok' | 'failed'): void;
 }
@@ -324,8 +325,9 @@ export class Limiter {
 
   /**
    * Adds the units admitted during an outage to the store, once. Units a failed merge may have
-   * added are not sent again (an outage counted twice would refuse clients wrongly): they stay
-   * in this instance only. Those it certainly did not add wait for the next try.
+   * added are not sent again from here (an outage counted twice would refuse clients wrongly):
+   * the store keeps those it can send again without counting them twice (`kept`), and the others
+   * stay in this instance only. Those it certainly did not add wait for the next try.
    */
   #mergeIntoStore(): void {
     if (this.#merging) return;
@@ -336,12 +338,14 @@ export class Limiter {
       .then(
         () => this.#observer?.merged?.(entries.length, 'ok'),
         (err: unknown) => {
-          const retry = err instanceof MergeFailedError ? err.notApplied : [];
-          const applied = err instanceof MergeFailedError ? err.applied : 0;
+          const failure = err instanceof MergeFailedError ? err : undefined;
+          const retry = failure?.notApplied ?? [];
+          const applied = failure?.applied ?? 0;
           for (const entry of retry) this.#addUnmerged(entry);
           this.#mergeNotBefore = this.#clock.now() + this.#retryAfterMs;
           if (applied > 0) this.#observer?.merged?.(applied, 'ok');
-          const lost = entries.length - retry.length - applied;
+          // The store reports its kept entries itself once they are in (wiring/backend.ts).
+          const lost = entries.length - retry.length - applied - (failure?.kept ?? 0);
           if (lost > 0) this.#observer?.merged?.(lost, 'failed');
         },
       )

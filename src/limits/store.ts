@@ -95,18 +95,21 @@ export class StoreUnavailableError extends Error {
 }
 
 /**
- * A merge that failed part-way. `notApplied` are the entries it certainly did not add (their
- * calls were never sent), which may be tried again; `applied` of the others it certainly added
- * (their calls were answered); the rest may have been added.
+ * A merge that failed part-way. `notApplied` are the entries it certainly did not add, which may
+ * be tried again; `applied` of the others it certainly added (their calls were answered); `kept`
+ * of them the store holds and adds itself once it can (calls whose answer never came, sent again
+ * until answered: redis/outage-merge.ts); the rest may have been added.
  */
 export class MergeFailedError extends StoreUnavailableError {
   readonly notApplied: readonly MergeEntry[];
   readonly applied: number;
+  readonly kept: number;
 
-  constructor(cause: StoreUnavailableError, notApplied: readonly MergeEntry[], applied = 0) {
+  constructor(cause: StoreUnavailableError, notApplied: readonly MergeEntry[], applied = 0, kept = 0) {
     super(cause.kind, cause.message, { cause, part: cause.part });
     this.name = 'MergeFailedError';
     this.notApplied = notApplied;
     this.applied = applied;
+    this.kept = kept;
   }
 }

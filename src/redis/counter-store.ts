@@ -5,7 +5,7 @@ import type { RedisClient } from './connection.js';
 import { ConsumeBatcher } from './consume-batcher.js';
 import { DownMasters } from './down-masters.js';
 import { toStoreError } from './errors.js';
-import { OutageMerge } from './outage-merge.js';
+import { OutageMerge, type OutageMergeOptions } from './outage-merge.js';
 import { ReceiptLedger } from './receipt-ledger.js';
 
 /**
@@ -17,7 +17,7 @@ import { ReceiptLedger } from './receipt-ledger.js';
  * Three parts, one client: the batcher counts requests (one script call out at a time, for the
  * requests that came while the one before it was out), the receipt ledger takes back the units
  * of calls whose answer never came, and the outage merge adds what the instance admitted
- * without Redis.
+ * without Redis (and sends its calls whose answer never came again, until answered).
  */
 export class RedisCounterStore implements CounterStore {
   readonly #client: RedisClient;
@@ -26,13 +26,21 @@ export class RedisCounterStore implements CounterStore {
   readonly #batcher: ConsumeBatcher;
   readonly #merge: OutageMerge;
 
-  constructor(client: RedisClient, prefix: string) {
+  /** `keptMergesSettled`: how the merge calls kept to be sent again ended (see OutageMerge). */
+  constructor(
+    client: RedisClient,
+    prefix: string,
+    options: { readonly keptMergesSettled?: OutageMergeOptions['keptSettled'] } = {},
+  ) {
     this.#client = client;
     this.#prefix = prefix;
     const downMasters = (client as Cluster).isCluster ? new DownMasters(client as Cluster) : undefined;
     this.#ledger = new ReceiptLedger(client, { downMasters });
     this.#batcher = new ConsumeBatcher(client, this.#ledger, { downMasters });
-    this.#merge = new OutageMerge(client, (e) => this.counterKey(e.keyHash, e.counterId), { downMasters });
+    this.#merge = new OutageMerge(client, (e) => this.counterKey(e.keyHash, e.counterId), {
+      downMasters,
+      keptSettled: options.keptMergesSettled,
+    });
   }
 
   counterKey(keyHash: string, counterId: string): string {
@@ -48,13 +56,26 @@ export class RedisCounterStore implements CounterStore {
     return this.#merge.merge(entries);
   }
 
-  /** Takes back the units of doubtful calls that Redis did count. Safe to call at any time. */
-  reconcile(): Promise<void> {
-    return this.#ledger.reconcile();
+  /**
+   * Takes back the units of doubtful counting calls that Redis did count, and sends the merge
+   * calls in doubt again. Safe to call at any time.
+   */
+  async reconcile(): Promise<void> {
+    await Promise.all([this.#ledger.reconcile(), this.#merge.resendKept()]);
+  }
+
+  /** Counters of merge calls still in doubt (their units end with the process unless sent again). */
+  get keptMergeCounters(): number {
+    return this.#merge.keptCounters;
+  }
+
+  /** Another instance reset a key's counters on the given rows: the merge calls in doubt no longer add to them. */
+  forget(keyHash: string, counterIds: readonly string[]): Promise<void> {
+    return this.#merge.forget(keyHash, counterIds);
   }
 
   async usage(keyHash: string, rows: ReadonlyArray<{ readonly counterId: string } & WindowIds>): Promise<Usage[]> {
-    // Units of calls in doubt are not usage: they are taken back first.
+    // Units of calls in doubt are not usage: they are taken back first; merges in doubt are sent again.
     await this.reconcile();
     try {
       const pipeline = this.#client.pipeline();
@@ -77,6 +98,8 @@ export class RedisCounterStore implements CounterStore {
 
   async reset(keyHash: string, counterIds: readonly string[]): Promise<void> {
     if (counterIds.length === 0) return;
+    // A merge call in doubt sent again after the reset would bring the old units back.
+    await this.#merge.forget(keyHash, counterIds);
     try {
       await this.#client.unlink(...counterIds.map((id) => this.counterKey(keyHash, id)));
     } catch (err) {
@@ -84,8 +107,9 @@ export class RedisCounterStore implements CounterStore {
     }
   }
 
-  /** Stops the ledger's own reconciling (on shutdown, after a last reconcile()). */
+  /** Stops the ledger's own reconciling and the merge's own resending (on shutdown, after a last reconcile()). */
   close(): void {
     this.#ledger.close();
+    this.#merge.close();
   }
 }

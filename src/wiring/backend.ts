@@ -34,11 +34,15 @@ export interface Backend {
   problem(): Promise<string | undefined>;
   /** Calls `listener` whenever the connection to Redis is (back) up. */
   onConnected(listener: () => void): void;
+  /** Another instance reset a key's counters on these rows: what this one still holds to add to them goes. */
+  forgetKey(keyHash: string, counterIds: readonly string[]): Promise<void>;
 }
 
 export interface BackendOptions {
   readonly logger: Logger;
   readonly clock?: Clock | undefined;
+  /** Told how the merge calls the Redis store kept to send again ended (as LimiterObserver.merged). */
+  readonly merged?: ((counters: number, result: 'ok' | 'failed') => void) | undefined;
 }
 
 export async function openBackend(settings: Settings, options: BackendOptions, closers: Closers): Promise<Backend> {
@@ -60,6 +64,7 @@ function memoryBackend(options: BackendOptions): Backend {
     client: undefined,
     problem: () => Promise.resolve(undefined),
     onConnected: () => {},
+    forgetKey: () => Promise.resolve(),
   };
 }
 
@@ -99,11 +104,13 @@ async function redisBackend(settings: Settings, options: BackendOptions, closers
     ),
   );
   closers.add('event bus', () => events.close());
-  const store = new RedisCounterStore(redis, settings.redisKeyPrefix);
+  const store = new RedisCounterStore(redis, settings.redisKeyPrefix, { keptMergesSettled: options.merged });
   // Calls in doubt are settled while the connection is still there.
   closers.add('counter store', async () => {
     await store.reconcile();
     store.close();
+    const kept = store.keptMergeCounters;
+    if (kept > 0) logger.warn({ counters: kept }, 'units admitted while redis was away could not be added to it');
   });
   return {
     kind: settings.redisClusterNodes ? 'redis-cluster' : 'redis',
@@ -115,6 +122,7 @@ async function redisBackend(settings: Settings, options: BackendOptions, closers
     client: redis,
     problem: () => redisProblem(redis),
     onConnected: (listener) => void redis.on('ready', listener),
+    forgetKey: (keyHash, counterIds) => store.forget(keyHash, counterIds),
   };
 }
 

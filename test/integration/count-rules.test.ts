@@ -268,7 +268,7 @@ describe('CONSUME_SCRIPT', () => {
 });
 
 describe('MERGE_SCRIPT', () => {
-  it('merges each counter of a call as mergeStep does, leaving its receipts as they are', async () => {
+  it('merges each counter of a call as mergeStep does, leaving its receipts as they are, and the same call sent again adds nothing', async () => {
     const entry = fc.record({ windows, hour: fc.nat(5), day: fc.nat(5) });
     const call = fc.array(fc.record({ stored, rc: receipts, entry }), { minLength: 1, maxLength: 3 });
     await fc.assert(
@@ -283,8 +283,14 @@ describe('MERGE_SCRIPT', () => {
           day: e.day,
           expireAt: EXPIRE_AT,
         }));
-        const reply = await client.eval(MERGE_SCRIPT, keys.length, ...keys, ...entries.flatMap(mergeArgs));
-        expect(reply).toBe(keys.length);
+        const mergeCall = (): Promise<unknown> =>
+          client.eval(MERGE_SCRIPT, keys.length, ...keys, 'mg:test', 7, ...entries.flatMap(mergeArgs));
+        expect(await mergeCall()).toBe(keys.length);
+        const once = await Promise.all(keys.map((key) => client.hgetall(key)));
+        // Sent again (its answer was lost): every counter carries the call's mark, and nothing changes.
+        expect(await mergeCall()).toBe(0);
+        expect(await Promise.all(keys.map((key) => client.hgetall(key)))).toEqual(once);
+        for (const fields of once) expect(fields['mg:test']).toBe('7');
 
         for (const [i, c] of counters.entries()) {
           const key = keys[i] as string;

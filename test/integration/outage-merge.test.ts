@@ -2,7 +2,10 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { CONSUME_SCRIPT, pushConsumeArgs } from '../../src/limits/count-rules.js';
 import { MergeFailedError, type CounterKey, type MergeEntry } from '../../src/limits/store.js';
 import { createRedisClient, type RedisClient } from '../../src/redis/connection.js';
+import { RedisCounterStore } from '../../src/redis/counter-store.js';
 import { MERGE_CHUNK, OutageMerge } from '../../src/redis/outage-merge.js';
+import { sleep, waitFor } from '../helpers/faults.js';
+import { startRedisProxy, type RedisProxy } from '../helpers/redis-proxy.js';
 import { request } from '../helpers/store-contract.js';
 import {
   connectedClient,
@@ -44,6 +47,13 @@ const counter = (e: MergeEntry, via = inspect): Promise<Array<string | null>> =>
 const merged = [String(r.hourStart), '1', String(r.dayStart), '1'];
 const untouched = [null, null, null, null];
 
+/** The one merge mark (`mg:…`) among a counter's fields. */
+function markOf(fields: Record<string, string>): string {
+  const marks = Object.keys(fields).filter((f) => f.startsWith('mg:'));
+  expect(marks).toHaveLength(1);
+  return marks[0] as string;
+}
+
 async function failureOf(work: Promise<void>): Promise<MergeFailedError> {
   const failure = await work.then(
     () => undefined,
@@ -59,7 +69,15 @@ describe('OutageMerge', () => {
     const [entry] = entries('merge-new', 1) as [MergeEntry];
     await merge.merge([{ ...entry, hour: 2, day: 3 }]);
     const key = keyOf(entry);
-    expect(await inspect.hgetall(key)).toEqual({ hs: String(r.hourStart), hc: '2', ds: String(r.dayStart), dc: '3' });
+    // The instance's mark: the number of the call that added to the counter.
+    const mark = markOf(await inspect.hgetall(key));
+    expect(await inspect.hgetall(key)).toEqual({
+      hs: String(r.hourStart),
+      hc: '2',
+      ds: String(r.dayStart),
+      dc: '3',
+      [mark]: '1',
+    });
     expect(await inspect.pexpiretime(key)).toBe(r.expireAt);
     // A counted request leaves its receipt, which the merge must not drop: the ledger may still need it.
     const keysThenArgs: Array<string | number> = [key];
@@ -72,6 +90,7 @@ describe('OutageMerge', () => {
       ds: String(r.dayStart),
       dc: '5',
       'rc:one': `1:1:${r.hourStart}:${r.dayStart},`,
+      [mark]: '2',
     });
   });
 
@@ -144,12 +163,151 @@ describe('OutageMerge on a Redis of its own (INFO commandstats)', () => {
   });
 
   // Last: it stops the Redis.
-  it('names every wave after the first as not applied when Redis is gone', async () => {
+  it('names every entry as not applied when Redis is gone, and keeps none', async () => {
     const merge = new OutageMerge(c, keyOf);
     await own.stop();
+    await waitFor('the connection down', () => c.status !== 'ready', 5000, 10);
     const many = entries('gone', 450);
     const failure = await failureOf(merge.merge(many));
+    expect([failure.kind, failure.notApplied, failure.applied, failure.kept]).toEqual(['connection', many, 0, 0]);
+    expect(merge.keptCounters).toBe(0);
+  });
+});
+
+describe('OutageMerge: a call whose answer never came (a proxy in front of a Redis of its own)', () => {
+  let own: RedisProcess;
+  let proxy: RedisProxy;
+  let direct: ReturnType<typeof redisClient>;
+  const clients: RedisClient[] = [];
+
+  beforeAll(async () => {
+    own = await startRedisServer();
+    proxy = await startRedisProxy(own.port);
+    direct = redisClient(own.url);
+  });
+  afterAll(async () => {
+    for (const c of clients) c.disconnect();
+    direct.disconnect();
+    await proxy.close();
+    await own.stop();
+  });
+
+  /** A merge through the proxy, its script loaded, and what its kept calls came to. */
+  async function mergeViaProxy(options: { batching?: boolean } = {}): Promise<{
+    merge: OutageMerge;
+    settled: Array<[number, 'ok' | 'failed']>;
+  }> {
+    const c = await connectedClient(proxy.url, 300);
+    clients.push(c);
+    const settled: Array<[number, 'ok' | 'failed']> = [];
+    const merge = new OutageMerge(c, keyOf, { ...options, keptSettled: (n, result) => settled.push([n, result]) });
+    // The script is loaded first: a lost EVALSHA that Redis answered NOSCRIPT would have run nothing.
+    await merge.merge(entries(`warm-${clients.length}`, 1));
+    return { merge, settled };
+  }
+
+  const allIn = async (merge: OutageMerge): Promise<void> =>
+    waitFor('the kept calls sent again and answered', () => merge.keptCounters === 0, 5000, 20);
+
+  it('sends a call that ran but whose reply was lost again, and the counters it reached are not added to twice (regression: its units were lost for good)', async () => {
+    const { merge, settled } = await mergeViaProxy();
+    const three = entries('lost-reply', 3);
+    proxy.failNextCommand('reply');
+    const failure = await failureOf(merge.merge(three));
     expect(failure.kind).toBe('connection');
-    expect(failure.notApplied).toEqual(many.slice(200));
+    expect([failure.notApplied, failure.applied, failure.kept]).toEqual([[], 0, 3]);
+    // The call ran in Redis all the same.
+    for (const e of three) expect(await counter(e, direct)).toEqual(merged);
+    // Sent again once the connection is back; the counters it already reached keep one unit each.
+    await allIn(merge);
+    expect(settled).toEqual([[3, 'ok']]);
+    for (const e of three) expect(await counter(e, direct)).toEqual(merged);
+  });
+
+  it('sends a call Redis never saw again, and its units are added once', async () => {
+    const { merge, settled } = await mergeViaProxy();
+    const three = entries('lost-request', 3);
+    proxy.failNextCommand('request');
+    const failure = await failureOf(merge.merge(three));
+    expect(failure.kept).toBe(3);
+    for (const e of three) expect(await counter(e, direct)).toEqual(untouched);
+    await allIn(merge);
+    expect(settled).toEqual([[3, 'ok']]);
+    for (const e of three) expect(await counter(e, direct)).toEqual(merged);
+  });
+
+  it('sends no later units to a counter of a kept call until it is answered, and the other counters go', async () => {
+    const { merge, settled } = await mergeViaProxy({ batching: false });
+    const [held, other] = entries('held', 2) as [MergeEntry, MergeEntry];
+    // A slow Redis: each call runs, and its answer comes after the call has timed out.
+    proxy.delayRepliesMs = 600;
+    expect((await failureOf(merge.merge([held]))).kept).toBe(1);
+    // Its call sent again times out too: the new units of its counter wait, the other counter's go (and are kept).
+    const blocked = await failureOf(merge.merge([{ ...held, hour: 2, day: 2 }, other]));
+    expect([blocked.notApplied, blocked.applied, blocked.kept]).toEqual([[{ ...held, hour: 2, day: 2 }], 0, 1]);
+    proxy.delayRepliesMs = 0;
+    await allIn(merge);
+    expect(settled.reduce((n, [counters]) => n + counters, 0)).toBe(2);
+    // Each call ran more than once, and added once.
+    for (const e of [held, other]) expect(await counter(e, direct)).toEqual(merged);
+    await merge.merge([{ ...held, hour: 2, day: 2 }]);
+    expect(await counter(held, direct)).toEqual([String(r.hourStart), '3', String(r.dayStart), '3']);
+  });
+
+  it("forgets a reset key's units of a kept call, and keeps the other keys'", async () => {
+    const { merge } = await mergeViaProxy();
+    const [reset, kept] = entries('forget', 2) as [MergeEntry, MergeEntry];
+    proxy.delayRepliesMs = 600;
+    expect((await failureOf(merge.merge([reset, kept]))).kept).toBe(2);
+    await merge.forget(reset.keyHash, [reset.counterId]);
+    expect(merge.keptCounters).toBe(1);
+    // The reset itself: the call had run.
+    await direct.unlink(keyOf(reset));
+    proxy.delayRepliesMs = 0;
+    await allIn(merge);
+    expect(await counter(reset, direct)).toEqual(untouched);
+    expect(await counter(kept, direct)).toEqual(merged);
+  });
+
+  it('sends nothing on a connection that is not ready, and keeps nothing', async () => {
+    const { merge } = await mergeViaProxy();
+    const c = clients.at(-1) as RedisClient;
+    proxy.away = true;
+    await waitFor('the connection down', () => c.status !== 'ready', 5000, 10);
+    const two = entries('not-ready', 2);
+    const failure = await failureOf(merge.merge(two));
+    expect([failure.kind, failure.notApplied, failure.kept]).toEqual(['connection', two, 0]);
+    proxy.away = false;
+  });
+});
+
+describe('RedisCounterStore: a reset and the merge calls it keeps', () => {
+  it("drops the reset rows' units from the kept calls before the reset, so that sending them again cannot bring them back", async () => {
+    const own = await startRedisServer();
+    const proxy = await startRedisProxy(own.port);
+    const direct = redisClient(own.url);
+    const c = await connectedClient(proxy.url, 300);
+    try {
+      const store = new RedisCounterStore(c, prefix);
+      const [reset, kept] = entries('store-reset', 2) as [MergeEntry, MergeEntry];
+      await store.merge(entries('store-warm', 1));
+      proxy.delayRepliesMs = 600;
+      expect((await failureOf(store.merge([reset, kept]))).kept).toBe(2);
+      proxy.delayRepliesMs = 0;
+      // The late answer comes first (the reset's own would wait behind it past its timeout).
+      await sleep(400);
+      expect(store.keptMergeCounters).toBe(2);
+      await store.reset(reset.keyHash, [reset.counterId]);
+      await store.reconcile();
+      expect(store.keptMergeCounters).toBe(0);
+      expect(await counter(reset, direct)).toEqual(untouched);
+      expect(await counter(kept, direct)).toEqual(merged);
+      store.close();
+    } finally {
+      c.disconnect();
+      direct.disconnect();
+      await proxy.close();
+      await own.stop();
+    }
   });
 });
