@@ -126,7 +126,8 @@ export interface Receipt {
  * already ran there (the gateway's Redis clients never send a command twice, redis/connection.ts,
  * and an undo leaves a receipt with no units; this holds should one ever run twice all the same):
  * it counts nothing there, and its requests get the first run's answers, with the counter's counts
- * as they are now.
+ * as they are now. A key that holds something else than a counter is left as it is, and its
+ * requests are answered `-1, 0, 0` (the call's other counters count as ever).
  */
 export const CONSUME_SCRIPT = `
 local hsText, dsText = ARGV[1], ARGV[2]
@@ -181,20 +182,27 @@ for i = 1, #KEYS do
   at = nextAt
   local c = counters[key]
   if not c then
-    local v = redis.call('HMGET', key, 'hs', 'hc', 'ds', 'dc', field, 'tz')
-    c = { hs = tonumber(v[1]), hc = tonumber(v[2]) or 0, ds = tonumber(v[3]), dc = tonumber(v[4]) or 0, rc = v[5] or '', tz = v[6] or nil, added = 0 }
-    c.storedTz = c.tz
-    -- When this call ran here before, the units of that run are all it counts. (Set only then: a
-    -- ninth field makes Lua rebuild the table larger, 3 % of Redis's work; docs/performance.md, change 15.)
-    local rc, counted = receiptsKept(c.rc)
-    c.rc = rc
-    if counted then c.counted = counted end
+    local v = redis.pcall('HMGET', key, 'hs', 'hc', 'ds', 'dc', field, 'tz')
+    if v.err then
+      -- A key that holds something else than a counter (written by another program): its
+      -- requests are answered -1 and it is left as it is; the call's other counters count.
+      c = { counted = 0, other = true, added = 0 }
+    else
+      c = { hs = tonumber(v[1]), hc = tonumber(v[2]) or 0, ds = tonumber(v[3]), dc = tonumber(v[4]) or 0, rc = v[5] or '', tz = v[6] or nil, added = 0 }
+      c.storedTz = c.tz
+      -- When this call ran here before, the units of that run are all it counts. (Set only then: a
+      -- ninth field makes Lua rebuild the table larger, 3 % of Redis's work; docs/performance.md, change 15.)
+      local rc, counted = receiptsKept(c.rc)
+      c.rc = rc
+      if counted then c.counted = counted end
+    end
     counters[key] = c
     order[#order + 1] = key
   end
   local allowed, hc, dc
   if c.counted then
-    allowed, hc, dc = answerAgain(c, force)
+    -- (The key of another type rides on this test, not on one of its own for every request.)
+    if c.other then allowed, hc, dc = -1, 0, 0 else allowed, hc, dc = answerAgain(c, force) end
   else
     -- countStep, on the counter as this call has it so far.
     hc, dc = c.hc, c.dc
@@ -319,16 +327,18 @@ const ARGS_PER_MERGE = 6;
  * number or past it is left as it is (a call sent again after its answer was lost: see
  * redis/outage-merge.ts); the others get the mark. A counter whose day is new gets the entry's
  * expiry; receipts (`rc:*`) are left as they are, so the calls they name can still be taken
- * back. Answers the number of counters added to.
+ * back. A key that holds something else than a counter is left as it is. Answers the positions
+ * (from 1) of those keys.
  */
 export const MERGE_SCRIPT = `
 local mark, seq = ARGV[1], tonumber(ARGV[2])
-local added = 0
+local other = {}
 for i = 1, #KEYS do
   local a = 2 + (i - 1) * ${ARGS_PER_MERGE}
-  local v = redis.call('HMGET', KEYS[i], 'hs', 'hc', 'ds', 'dc', 'tz', mark)
-  if not (v[6] and tonumber(v[6]) >= seq) then
-    added = added + 1
+  local v = redis.pcall('HMGET', KEYS[i], 'hs', 'hc', 'ds', 'dc', 'tz', mark)
+  if v.err then
+    other[#other + 1] = i
+  elseif not (v[6] and tonumber(v[6]) >= seq) then
     local hs, hc = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
     local ds, dc = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
     local zone = ARGV[a + 6]
@@ -355,7 +365,7 @@ for i = 1, #KEYS do
     if newDay then redis.call('PEXPIREAT', KEYS[i], ARGV[a + 5]) end
   end
 end
-return added
+return other
 `;
 
 /** The ARGV of one entry in a MERGE_SCRIPT call. */

@@ -74,9 +74,9 @@ export interface CounterStore {
 /**
  * The store could not answer (unreachable, timed out, refused the command). Told apart from
  * an over-limit answer by type, so a store fault never reads as a refusal or an admission.
- * `part`: only a part of the store failed (a Redis Cluster master), which the store itself
- * takes as away until it answers again, and the rest still answers: only requests on that part are decided
- * without the store.
+ * `part`: only a part of the store failed (a Redis Cluster master, which the store itself takes
+ * as away until it answers again; or one counter's key, which holds something else), and the
+ * rest still answers: only requests on that part are decided without the store.
  */
 export class StoreUnavailableError extends Error {
   readonly kind: 'timeout' | 'connection' | 'reply';

@@ -3,7 +3,7 @@ import { CONSUME_SCRIPT, pushConsumeArgs, RECEIPTS_KEPT } from '../limits/count-
 import { StoreUnavailableError, type ConsumeRequest, type Counts } from '../limits/store.js';
 import type { RedisClient } from './connection.js';
 import type { DownMasters } from './down-masters.js';
-import { notACounter, toStoreError } from './errors.js';
+import { toStoreError } from './errors.js';
 import type { ReceiptLedger } from './receipt-ledger.js';
 
 /**
@@ -181,12 +181,9 @@ export class ConsumeBatcher {
       this.#answered(alone);
       // One master's connection failed, or the call that tried a master taken as away failed in
       // any way, while the Cluster still answers for the others: that master is marked first, so
-      // that the ledger sends no undo there but the one a second that tries it. (A call that tried
-      // it and found its key no counter was answered: the master is back.)
+      // that the ledger sends no undo there but the one a second that tries it.
       let part = false;
-      if (down && gate === 'probe' && notACounter(err)) down.answered(alone as string);
-      else if (down && (gate === 'probe' || toStoreError(err).kind === 'connection'))
-        part = down.failed(alone as string);
+      if (down && (gate === 'probe' || toStoreError(err).kind === 'connection')) part = down.failed(alone as string);
       const failure = this.#ledger.failed(receipt, { keys: batch.map((p) => p.key) }, err);
       const typed = part
         ? new StoreUnavailableError(failure.kind, failure.message, { cause: failure.cause, part })
@@ -206,13 +203,15 @@ export class ConsumeBatcher {
       down?.answered(alone as string);
       this.#ledger.settled(receipt);
       this.#sendWhenFree();
-      batch.forEach((pending, i) =>
+      batch.forEach((pending, i) => {
+        const allowed = counts[i * 3];
+        if (allowed === -1) return pending.reject(otherTypeAt(pending.key));
         pending.resolve({
-          allowed: counts[i * 3] === 1,
+          allowed: allowed === 1,
           hour: counts[i * 3 + 1] as number,
           day: counts[i * 3 + 2] as number,
-        }),
-      );
+        });
+      });
     }, failed);
   }
 
@@ -240,4 +239,15 @@ export class ConsumeBatcher {
 
 function sameWindows(a: ConsumeRequest, b: ConsumeRequest): boolean {
   return a.hourStart === b.hourStart && a.dayStart === b.dayStart && a.expireAt === b.expireAt && a.zone === b.zone;
+}
+
+/**
+ * A request whose counter key holds something else than a counter (another program wrote it):
+ * Redis answered, about that key only, so the store is not away (`part`); the request is decided
+ * as when Redis is away, and the other keys are counted in Redis meanwhile.
+ */
+function otherTypeAt(key: string): StoreUnavailableError {
+  return new StoreUnavailableError('reply', `Redis refused the command: ${key} holds something else than a counter`, {
+    part: true,
+  });
 }

@@ -26,9 +26,10 @@ export const MERGE_CHUNK = 200;
 /** How often kept calls are sent again while no merge brings them. */
 const RESEND_EVERY_MS = 1000;
 
+/** Each call answers the positions (from 1) of its keys that hold something else than a counter. */
 interface MergeCommands {
-  oapiMerge(key: string, ...args: Array<number | string>): Promise<number>;
-  oapiMergeMany(numberOfKeys: number, ...keysThenArgs: Array<string | number>): Promise<number>;
+  oapiMerge(key: string, ...args: Array<number | string>): Promise<number[]>;
+  oapiMergeMany(numberOfKeys: number, ...keysThenArgs: Array<string | number>): Promise<number[]>;
 }
 
 /** A call whose answer never came: sent again, with its number and entries as they were, until answered. */
@@ -42,7 +43,7 @@ export interface OutageMergeOptions {
   readonly batching?: boolean;
   /** On a Cluster, the masters taken as away (shared with the consume batcher). */
   readonly downMasters?: DownMasters;
-  /** Told how kept calls ended once sent again: `ok` added, `failed` refused by Redis (not tried again). */
+  /** Told how kept calls ended once sent again: `ok` added, `failed` refused by Redis or its key of another type (not tried again). */
   readonly keptSettled?: (counters: number, result: 'ok' | 'failed') => void;
   /** Epoch milliseconds (tests): a kept entry whose counter has expired is dropped. */
   readonly now?: () => number;
@@ -146,8 +147,9 @@ export class OutageMerge {
         away = new StoreUnavailableError('connection', 'Redis unavailable: an earlier merge call was not answered');
       entries = free;
     }
-    /** Entries whose call was answered, and those kept. */
+    /** Entries whose call was answered, those whose key holds something else, and those kept. */
     let applied = 0;
+    let otherType = 0;
     let kept = 0;
     for (let i = 0; i < entries.length; i += MERGE_CHUNK) {
       let wave = entries.slice(i, i + MERGE_CHUNK);
@@ -171,7 +173,8 @@ export class OutageMerge {
       results.forEach((result, k) => {
         const entriesOfCall = this.#batching ? wave : [wave[k] as MergeEntry];
         if (result.status === 'fulfilled') {
-          applied += entriesOfCall.length;
+          otherType += result.value.length;
+          applied += entriesOfCall.length - result.value.length;
           return;
         }
         const error = this.#failed(entriesOfCall, result.reason);
@@ -182,7 +185,7 @@ export class OutageMerge {
         failure ??= error;
       });
     }
-    const error = failure ?? away;
+    const error = failure ?? away ?? (otherType > 0 ? otherTypeError() : undefined);
     if (error) throw new MergeFailedError(error, notApplied, applied, kept);
   }
 
@@ -207,8 +210,11 @@ export class OutageMerge {
     let failed = 0;
     results.forEach((result, k) => {
       const call = toSend[k] as KeptCall;
-      if (result.status === 'fulfilled') ok += call.entries.length;
-      else if (this.#failed(call.entries, result.reason).kind === 'reply') failed += call.entries.length;
+      if (result.status === 'fulfilled') {
+        const others = result.value.reduce((n, positions) => n + positions.length, 0);
+        ok += call.entries.length - others;
+        failed += others;
+      } else if (this.#failed(call.entries, result.reason).kind === 'reply') failed += call.entries.length;
       else stay.push(call);
     });
     this.#kept = stay;
@@ -243,11 +249,16 @@ export class OutageMerge {
   }
 
   /** One call per wave when batching, else one per entry; each with this instance's mark and the wave's number. */
-  #send(seq: number, wave: readonly MergeEntry[]): Array<Promise<number>> {
+  #send(seq: number, wave: readonly MergeEntry[]): Array<Promise<number[]>> {
     if (!this.#batching)
       return wave.map((e) => this.#client.oapiMerge(this.#keyOf(e), this.#field, seq, ...mergeArgs(e)));
     return [
       this.#client.oapiMergeMany(wave.length, ...wave.map(this.#keyOf), this.#field, seq, ...wave.flatMap(mergeArgs)),
     ];
   }
+}
+
+/** Keys that hold something else than a counter (another program wrote them) get no units: they are refused. */
+function otherTypeError(): StoreUnavailableError {
+  return new StoreUnavailableError('reply', 'Redis refused the command: a counter key holds something else');
 }

@@ -168,18 +168,46 @@ describe('ConsumeBatcher: script calls', () => {
 describe('ConsumeBatcher: failed calls', () => {
   it('fails every request of a call Redis refused with the typed error, and holds none in doubt', async () => {
     const batcher = new ConsumeBatcher(c, ledger);
-    await inspect.set('refused-bad', 'not a hash');
-    const results = await Promise.allSettled([
-      batcher.consume('refused-good', request()),
-      batcher.consume('refused-bad', request()),
-    ]);
-    for (const r of results) {
-      expect(r.status).toBe('rejected');
-      expect((r as PromiseRejectedResult).reason).toMatchObject({ name: 'StoreUnavailableError', kind: 'reply' });
+    // Redis out of memory (no eviction) refuses a script at its first write: nothing is written.
+    await inspect.config('SET', 'maxmemory', '1');
+    try {
+      const results = await Promise.allSettled([
+        batcher.consume('refused-a', request()),
+        batcher.consume('refused-b', request()),
+      ]);
+      for (const r of results) {
+        expect(r.status).toBe('rejected');
+        expect((r as PromiseRejectedResult).reason).toMatchObject({
+          name: 'StoreUnavailableError',
+          kind: 'reply',
+          part: false,
+        });
+      }
+    } finally {
+      await inspect.config('SET', 'maxmemory', '0');
     }
     expect(ledger.inDoubt).toBe(0);
-    // The script stopped before writing anything.
-    expect(await inspect.exists('refused-good')).toBe(0);
+    expect(await inspect.exists('refused-a', 'refused-b')).toBe(0);
+  });
+
+  it('refuses only the requests whose counter key holds something else, as a part of the store, and counts the others of the call (regression: the whole call failed, and the instance left Redis for a second)', async () => {
+    const batcher = new ConsumeBatcher(c, ledger);
+    await inspect.set('other-type', 'not a hash');
+    const results = await Promise.allSettled([
+      batcher.consume('other-good', request()),
+      batcher.consume('other-type', request()),
+      batcher.consume('other-good', request()),
+    ]);
+    expect(results.map((r) => r.status)).toEqual(['fulfilled', 'rejected', 'fulfilled']);
+    expect((results[1] as PromiseRejectedResult).reason).toMatchObject({
+      name: 'StoreUnavailableError',
+      kind: 'reply',
+      part: true,
+    });
+    expect(results.map((r) => (r.status === 'fulfilled' ? r.value.hour : undefined))).toEqual([1, undefined, 2]);
+    expect(await scriptCalls()).toBe(1);
+    expect(ledger.inDoubt).toBe(0);
+    expect(await inspect.get('other-type')).toBe('not a hash');
   });
 
   it('hands a call whose answer never came to the ledger, with every counter of it, so its units are taken back', async () => {
@@ -386,11 +414,11 @@ describe('ConsumeBatcher on a Cluster master taken as away', () => {
     perCounter.close();
   });
 
-  it('takes a master as back when the call that tries it finds its key no counter (WRONGTYPE: the master answered)', async () => {
+  it('takes a master as back when the call that tries it finds its key no counter (the master answered)', async () => {
     const { key, clock, downMasters, perCounter, batcher } = withMasterAway('wrongtype');
     await inspect.set(key, 'not a counter');
     clock.now = 1000;
-    await expect(batcher.consume(key, request())).rejects.toMatchObject({ kind: 'reply', part: false });
+    await expect(batcher.consume(key, request())).rejects.toMatchObject({ kind: 'reply', part: true });
     expect(downMasters.any).toBe(false);
     perCounter.close();
   });

@@ -102,15 +102,32 @@ describe('OutageMerge', () => {
     for (const e of [many[0], many[199], many[200], many[449]] as MergeEntry[])
       expect(await counter(e)).toEqual(merged);
 
-    // A key of the wrong type in the second wave stops that wave's script: the third is never sent.
+    // An entry Redis refuses in the second wave (an expiry that is no number) stops that wave's
+    // script: the third is never sent.
     const broken = entries('broken', 650);
-    await inspect.set(keyOf(broken[250] as MergeEntry), 'not a hash');
+    broken[250] = { ...(broken[250] as MergeEntry), expireAt: Number.NaN };
     const failure = await failureOf(merge.merge(broken));
     expect(failure.kind).toBe('reply');
     expect(failure.notApplied).toEqual(broken.slice(400));
     expect(await counter(broken[0] as MergeEntry)).toEqual(merged);
     expect(await counter(broken[400] as MergeEntry)).toEqual(untouched);
   });
+});
+
+describe('OutageMerge and a key that holds something else', () => {
+  it.each([true, false])(
+    'adds to the other counters of its call and of the waves after it, and names the entry refused (batching: %s)',
+    async (batching) => {
+      const merge = new OutageMerge(client, keyOf, { batching });
+      const some = entries(`other-type-${batching}`, 450);
+      await inspect.set(keyOf(some[150] as MergeEntry), 'not a hash');
+      const failure = await failureOf(merge.merge(some));
+      expect([failure.kind, failure.notApplied, failure.applied, failure.kept]).toEqual(['reply', [], 449, 0]);
+      for (const e of [some[0], some[149], some[151], some[449]] as MergeEntry[])
+        expect(await counter(e)).toEqual(merged);
+      expect(await inspect.get(keyOf(some[150] as MergeEntry))).toBe('not a hash');
+    },
+  );
 });
 
 describe('OutageMerge on a Redis of its own (INFO commandstats)', () => {
@@ -151,7 +168,7 @@ describe('OutageMerge on a Redis of its own (INFO commandstats)', () => {
     const merge = new OutageMerge(c, keyOf, { batching: false });
     await merge.merge(entries('warm-solo', 1));
     const broken = entries('solo', 650);
-    await direct.set(keyOf(broken[250] as MergeEntry), 'not a hash');
+    broken[250] = { ...(broken[250] as MergeEntry), expireAt: Number.NaN };
     await c.config('RESETSTAT');
     const failure = await failureOf(merge.merge(broken));
     expect(failure.kind).toBe('reply');
