@@ -156,6 +156,7 @@ async function start(parts: Parts): Promise<Gateway> {
             credentialRoutes: settings.credentialRoutes,
           }),
           settings,
+          logger,
           closers,
         );
   const publicListener =

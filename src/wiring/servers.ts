@@ -27,7 +27,12 @@ export interface Listening {
   readonly bound: string;
 }
 
-export async function startAdminServer(app: Hono, settings: Settings, closers: Closers): Promise<Listening> {
+export async function startAdminServer(
+  app: Hono,
+  settings: Settings,
+  logger: Logger,
+  closers: Closers,
+): Promise<Listening> {
   const server = http.createServer(getRequestListener(app.fetch));
   // Malformed requests get the two-field answer of the public listener, not Node's empty one.
   server.on('clientError', function answerClientError(err: NodeJS.ErrnoException, socket: Duplex) {
@@ -38,7 +43,7 @@ export async function startAdminServer(app: Hono, settings: Settings, closers: C
     const [status, , message] = clientErrorAnswer(err.code);
     socket.end(rawAnswer(status, message));
   });
-  await listen(server, settings.adminPort, settings.adminHost, ADMIN_SETTINGS);
+  await listen(server, settings.adminPort, settings.adminHost, ADMIN_SETTINGS, logger);
   closers.add('admin listener', async () => {
     await new Promise<void>((resolve) => server.close(() => resolve()));
     server.closeAllConnections();
@@ -66,7 +71,7 @@ export async function startPublicServer(
     upgradeListener(parts.app, parts.accepting, parts.websockets),
   );
   const { server } = publicServer;
-  await listen(server, settings.port, settings.host, PUBLIC_SETTINGS);
+  await listen(server, settings.port, settings.host, PUBLIC_SETTINGS, observe.logger);
   closers.add('public listener', async () => {
     server.close();
     const deadline = Date.now() + settings.shutdownTimeoutMs;
@@ -88,7 +93,7 @@ interface ListenerSettings {
   readonly port: 'PORT' | 'ADMIN_PORT';
   readonly host: 'HOST' | 'ADMIN_HOST';
 }
-const PUBLIC_SETTINGS: ListenerSettings = { port: 'PORT', host: 'HOST' };
+export const PUBLIC_SETTINGS: ListenerSettings = { port: 'PORT', host: 'HOST' };
 const ADMIN_SETTINGS: ListenerSettings = { port: 'ADMIN_PORT', host: 'ADMIN_HOST' };
 
 /** Errors of the address rather than the port: the name does not resolve, or is not this host's. */
@@ -104,9 +109,17 @@ const HOST_ERRORS: Readonly<Record<string, string>> = {
 /**
  * Listens, or stops start-up with one line naming the variable that is wrong (README "Running it":
  * a bad value exits 1 with one line naming the variable): the host's for an address that cannot be
- * had, the port's otherwise.
+ * had, the port's otherwise. Once it listens, an error of the listener (a connection it could not
+ * accept: out of memory or buffers) is logged, and it goes on listening; with no listener for it
+ * the error would end the process, with every request in flight.
  */
-function listen(server: http.Server, port: number, host: string, names: ListenerSettings): Promise<void> {
+export function listen(
+  server: http.Server,
+  port: number,
+  host: string,
+  names: ListenerSettings,
+  logger: Logger,
+): Promise<void> {
   return new Promise((resolve, reject) => {
     const failed = (err: NodeJS.ErrnoException): void => {
       const hostWhy = err.code === undefined ? undefined : HOST_ERRORS[err.code];
@@ -119,6 +132,9 @@ function listen(server: http.Server, port: number, host: string, names: Listener
     server.once('error', failed);
     server.listen(port, host, () => {
       server.off('error', failed);
+      server.on('error', function logListenerError(err: NodeJS.ErrnoException) {
+        logger.error({ listener: names.port, code: err.code, err: err.message }, 'listener error; still listening');
+      });
       resolve();
     });
   });
