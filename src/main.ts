@@ -1,24 +1,27 @@
-import { loadSettings, SettingsError, type Settings } from './config/settings.js';
-import { startGateway, StartupError } from './runner.js';
+import type { Settings } from './config/settings.js';
 
 /**
  * `npm start`: reads `config/gateway.yaml`, `limits.yaml` and the environment, and serves.
  * A wrong setting or an invalid table stops start-up with exit code 1 and a precise message.
  */
 
+// A SIGHUP without a listener ends the process: one that asks for a reload while the gateway
+// starts (its modules take 100–200 ms to load, its Redis connection may take seconds) is kept for
+// when it serves (README "Running it"). So the listener comes first, and the modules after it.
+let reloadAsked = false;
+const askEarly = (): void => {
+  reloadAsked = true;
+};
+process.on('SIGHUP', askEarly);
+const { loadSettings, SettingsError } = await import('./config/settings.js');
+const { startGateway, StartupError } = await import('./runner.js');
+
 function fail(message: string): never {
   process.stderr.write(`oapi-gateway: ${message}\n`);
   process.exit(1);
 }
 
-export async function main(): Promise<void> {
-  // A SIGHUP without a listener ends the process: one that asks for a reload while the gateway
-  // starts (its Redis connection may take seconds) is kept for when it serves (README "Running it").
-  let reloadAsked = false;
-  const askEarly = (): void => {
-    reloadAsked = true;
-  };
-  process.on('SIGHUP', askEarly);
+async function main(): Promise<void> {
   let settings: Settings;
   try {
     settings = loadSettings();

@@ -220,6 +220,62 @@ describe('SIGHUP while the gateway starts', () => {
   });
 });
 
+describe('SIGHUP while the gateway loads its modules', () => {
+  it('regression: does not end the process (the listener came only after every module had loaded, 100–200 ms)', async () => {
+    // A module hook holds the load of dist/runner.js (the bulk of the gateway) until the test lets it go.
+    const dir = mkdtempSync(join(tmpdir(), 'oapi-hold-'));
+    const release = join(dir, 'release');
+    writeFileSync(
+      join(dir, 'hooks.mjs'),
+      `import { existsSync, writeSync } from 'node:fs';
+export async function load(url, context, nextLoad) {
+  if (url.endsWith('/dist/runner.js')) {
+    writeSync(2, 'holding runner.js\\n');
+    const until = Date.now() + 10000;
+    while (!existsSync(${JSON.stringify(release)}) && Date.now() < until) await new Promise((r) => setTimeout(r, 10));
+  }
+  return nextLoad(url, context);
+}
+`,
+    );
+    writeFileSync(
+      join(dir, 'register.mjs'),
+      "import { register } from 'node:module';\nregister('./hooks.mjs', import.meta.url);\n",
+    );
+    writeFileSync(join(dir, 'limits.yaml'), LIMITS);
+    const child = spawn(process.execPath, ['--import', join(dir, 'register.mjs'), join(ROOT, 'dist/main.js')], {
+      cwd: dir,
+      env: {
+        PATH: process.env.PATH,
+        LIMITS_FILE: join(dir, 'limits.yaml'),
+        PORT: '0',
+        HOST: '127.0.0.1',
+        ADMIN_PORT: '0',
+        ADMIN_TOKEN,
+        EQT_BRIDGE_URL: slowUrl,
+        FNO_BRIDGE_URL: slowUrl,
+        API_KEY_MODE: 'any',
+      },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    children.push(child);
+    const output = outputOf(child);
+    const deadline = Date.now() + 10_000;
+    while (!output.stderr().includes('holding runner.js') && child.exitCode === null && Date.now() < deadline)
+      await new Promise((r) => setTimeout(r, 10));
+    expect(output.stderr()).toContain('holding runner.js');
+    child.kill('SIGHUP');
+    await new Promise((r) => setTimeout(r, 200));
+    expect([child.exitCode, child.signalCode]).toEqual([null, null]);
+    writeFileSync(release, '');
+    await waitForListening(child, output);
+    const until = Date.now() + 3000;
+    while (!output.stdout().includes('"trigger":"signal"') && Date.now() < until)
+      await new Promise((r) => setTimeout(r, 25));
+    expect(output.stdout()).toContain('"trigger":"signal"');
+  });
+});
+
 describe('a request that outlasts SHUTDOWN_TIMEOUT_MS', () => {
   it('is cut off and the process still exits 0', async () => {
     const gw = await startProcess({ SHUTDOWN_TIMEOUT_MS: '300', UPSTREAM_TIMEOUT_MS: '20000' });
