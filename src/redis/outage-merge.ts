@@ -61,6 +61,8 @@ export class OutageMerge {
   #nextSeq = 1;
   #kept: KeptCall[] = [];
   #resendTimer: NodeJS.Timeout | undefined;
+  /** The resend the timer queued, until it has run: one at a time. */
+  #timedResend: Promise<void> | undefined;
   /** Merges, resends and forgets run one after the other. */
   #busy: Promise<unknown> = Promise.resolve();
 
@@ -233,8 +235,21 @@ export class OutageMerge {
 
   #keep(call: KeptCall): void {
     this.#kept.push(call);
-    this.#resendTimer ??= setInterval(() => void this.resendKept(), RESEND_EVERY_MS).unref();
+    this.#resendTimer ??= setInterval(this.#onTick, RESEND_EVERY_MS).unref();
   }
+
+  /**
+   * Behind a Redis that stays slow a resend takes a whole REDIS_TIMEOUT_MS, which may be more than
+   * a second: a tick while the last tick's resend is still queued or out adds none, or they would
+   * pile up in front of every later merge, reset and the last resend at shutdown.
+   */
+  readonly #onTick = (): void => {
+    if (this.#timedResend) return;
+    const done = (): void => {
+      this.#timedResend = undefined;
+    };
+    this.#timedResend = this.resendKept().then(done, done);
+  };
 
   #stopResendingIfDone(): void {
     if (this.#kept.length > 0) return;

@@ -296,6 +296,30 @@ describe('OutageMerge: a call whose answer never came (a proxy in front of a Red
     expect([failure.kind, failure.notApplied, failure.kept]).toEqual(['connection', two, 0]);
     proxy.away = false;
   });
+
+  it('queues no more than one timed resend behind a Redis that stays slow, so a reset or the last resend at shutdown waits one timeout, not one per second of the stall (REDIS_TIMEOUT_MS above 1 s)', async () => {
+    const timeoutMs = 2000;
+    const c = await connectedClient(proxy.url, timeoutMs);
+    clients.push(c);
+    const merge = new OutageMerge(c, keyOf);
+    await merge.merge(entries('stall-warm', 1));
+    const [entry] = entries('stall', 1) as [MergeEntry];
+    // A Redis that stays slow: every answer comes long after its call timed out.
+    proxy.delayRepliesMs = 60_000;
+    try {
+      expect((await failureOf(merge.merge([entry]))).kept).toBe(1);
+      // The resend timer ticks once a second; each resend waits out a whole timeout.
+      await sleep(5500);
+      const started = performance.now();
+      // What a reset (forget) and the shutdown's last reconcile (resendKept) wait for.
+      await merge.forget('unrelated', [entry.counterId]);
+      expect(performance.now() - started).toBeLessThan(timeoutMs * 1.5);
+    } finally {
+      merge.close();
+      c.disconnect();
+      proxy.delayRepliesMs = 0;
+    }
+  }, 40_000);
 });
 
 describe('RedisCounterStore: a reset and the merge calls it keeps', () => {
