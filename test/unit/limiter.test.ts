@@ -282,6 +282,55 @@ describe('Limiter', () => {
     ]);
   });
 
+  it("leaves the counters a failed merge's store keeps to send again (MergeFailedError's kept) to the store to report, and reports them neither ok nor failed itself", async () => {
+    const merged: Array<[number, string]> = [];
+    const limiter = new Limiter({
+      store,
+      insurance,
+      failureMode: 'insurance',
+      clock,
+      retryStoreAfterMs: 1000,
+      observer: {
+        storeError: () => {},
+        fallback: () => {},
+        storeCall: () => {},
+        merged: (n, r) => merged.push([n, r]),
+      },
+    });
+    store.failing = new StoreUnavailableError('connection', 'down');
+    for (const keyHash of ['added', 'retry', 'kept', 'perhaps']) await check(limiter, small, keyHash);
+    store.failing = undefined;
+    clock.advance(1001);
+    store.merge = async (entries) => {
+      store.merges.push(entries);
+      // One added, one never sent, one kept by the store, one perhaps added.
+      throw new MergeFailedError(
+        new StoreUnavailableError('timeout', 'Redis command timed out'),
+        entries.filter((e) => e.keyHash === 'retry'),
+        1,
+        1,
+      );
+    };
+    await check(limiter, small, 'other');
+    await limiter.merged();
+    expect(merged).toEqual([
+      [1, 'ok'],
+      [1, 'failed'],
+    ]);
+    // Only the one never sent waits here.
+    expect(
+      store.merges
+        .at(-1)
+        ?.map((e) => e.keyHash)
+        .sort(),
+    ).toEqual(['added', 'kept', 'perhaps', 'retry']);
+    store.merge = async (entries) => {
+      store.merges.push(entries);
+    };
+    expect(await limiter.mergeWaiting()).toBe(0);
+    expect(store.merges.at(-1)?.map((e) => e.keyHash)).toEqual(['retry']);
+  });
+
   it('adds what it admitted from the insurance counters to the store once the store answers again, once', async () => {
     const limiter = make('insurance');
     await check(limiter, small); // 1 in the store
