@@ -73,7 +73,8 @@ export interface LimiterObserver {
   /**
    * Counters of insurance-counted units handed to the store once it was back: `ok` added,
    * `failed` perhaps added, perhaps not (not tried again). Those the store keeps to send again
-   * (MergeFailedError's `kept`) are reported by the store once they end.
+   * (MergeFailedError's `kept`) are reported by the store once it has sent them again (those it
+   * drops unsent, their day over or their key reset, are not reported).
    */
   merged?(counters: number, result: 'ok' | 'failed'): void;
 }

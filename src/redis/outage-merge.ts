@@ -11,9 +11,10 @@ import { toStoreError } from './errors.js';
  * "Redis": the outage's admissions end up in Redis), by the rule of mergeStep
  * (limits/count-rules.ts), each unit once.
  *
- * A call whose answer never came (it timed out, or the connection died) may or may not have
- * added its units. It is kept, and sent again as it was until it is answered: before every
- * later merge, once a second, and when the connection is ready again. Every call carries this
+ * A call that failed (it timed out, the connection died, or Redis refused it, perhaps part-way)
+ * may or may not have added its units. It is kept, and sent again as it was until it is answered
+ * (or its day is over): before every later merge, once a second, and when the connection is ready
+ * again. Every call carries this
  * instance's mark and a sequence number, which the script writes into each counter it adds to
  * (`mg:…`), and a counter whose mark is already at that number or past it is left as it is, so
  * a call sent again adds only to the counters the first sending did not reach. No later call goes
@@ -43,10 +44,12 @@ export interface OutageMergeOptions {
   readonly batching?: boolean;
   /** On a Cluster, the masters taken as away (shared with the consume batcher). */
   readonly downMasters?: DownMasters;
-  /** Told how kept calls ended once sent again: `ok` added, `failed` refused by Redis or its key of another type (not tried again). */
+  /** Told how kept calls ended once sent again: `ok` added, `failed` its key holds something else than a counter. */
   readonly keptSettled?: (counters: number, result: 'ok' | 'failed') => void;
   /** Epoch milliseconds (tests): a kept entry whose counter has expired is dropped. */
   readonly now?: () => number;
+  /** How often kept calls are sent again by the timer (tests); RESEND_EVERY_MS unless given. */
+  readonly resendEveryMs?: number;
 }
 
 export class OutageMerge {
@@ -56,6 +59,7 @@ export class OutageMerge {
   readonly #downMasters: DownMasters | undefined;
   readonly #keptSettled: OutageMergeOptions['keptSettled'];
   readonly #now: () => number;
+  readonly #resendEveryMs: number;
   /** This instance's mark in every counter it merges into: the marks of different instances never meet. */
   readonly #field = 'mg:' + randomBytes(6).toString('base64url');
   #nextSeq = 1;
@@ -78,6 +82,7 @@ export class OutageMerge {
     this.#downMasters = this.#batching ? undefined : options.downMasters;
     this.#keptSettled = options.keptSettled;
     this.#now = options.now ?? Date.now;
+    this.#resendEveryMs = options.resendEveryMs ?? RESEND_EVERY_MS;
     client.on('ready', this.#onReady);
   }
 
@@ -179,12 +184,10 @@ export class OutageMerge {
           applied += entriesOfCall.length - result.value.length;
           return;
         }
-        const error = this.#failed(entriesOfCall, result.reason);
-        if (error.kind !== 'reply') {
-          this.#keep({ seq, entries: entriesOfCall });
-          kept += entriesOfCall.length;
-        }
-        failure ??= error;
+        // Refused too (out of memory, BUSY, READONLY: most refusals pass): sent again, it adds nothing twice.
+        failure ??= this.#failed(entriesOfCall, result.reason);
+        this.#keep({ seq, entries: entriesOfCall });
+        kept += entriesOfCall.length;
       });
     }
     const error = failure ?? away ?? (otherType > 0 ? otherTypeError() : undefined);
@@ -216,8 +219,10 @@ export class OutageMerge {
         const others = result.value.reduce((n, positions) => n + positions.length, 0);
         ok += call.entries.length - others;
         failed += others;
-      } else if (this.#failed(call.entries, result.reason).kind === 'reply') failed += call.entries.length;
-      else stay.push(call);
+      } else {
+        this.#failed(call.entries, result.reason);
+        stay.push(call);
+      }
     });
     this.#kept = stay;
     this.#stopResendingIfDone();
@@ -235,7 +240,7 @@ export class OutageMerge {
 
   #keep(call: KeptCall): void {
     this.#kept.push(call);
-    this.#resendTimer ??= setInterval(this.#onTick, RESEND_EVERY_MS).unref();
+    this.#resendTimer ??= setInterval(this.#onTick, this.#resendEveryMs).unref();
   }
 
   /**

@@ -109,6 +109,8 @@ describe('OutageMerge', () => {
     const failure = await failureOf(merge.merge(broken));
     expect(failure.kind).toBe('reply');
     expect(failure.notApplied).toEqual(broken.slice(400));
+    // The refused wave is kept, to be sent again (the entry that cannot be taken is dropped then: no day of its own).
+    expect([failure.applied, failure.kept]).toEqual([200, 200]);
     expect(await counter(broken[0] as MergeEntry)).toEqual(merged);
     expect(await counter(broken[400] as MergeEntry)).toEqual(untouched);
   });
@@ -179,6 +181,25 @@ describe('OutageMerge on a Redis of its own (INFO commandstats)', () => {
     expect(await counter(broken[400] as MergeEntry, direct)).toEqual(untouched);
   });
 
+  it('keeps a call Redis refused (out of memory) and sends it again until Redis takes it, each unit once', async () => {
+    const settled: Array<[number, 'ok' | 'failed']> = [];
+    const merge = new OutageMerge(c, keyOf, { keptSettled: (n, result) => settled.push([n, result]) });
+    await merge.merge(entries('warm-oom', 1));
+    const three = entries('oom', 3);
+    await direct.config('SET', 'maxmemory', '1');
+    try {
+      const failure = await failureOf(merge.merge(three));
+      expect([failure.kind, failure.notApplied, failure.applied, failure.kept]).toEqual(['reply', [], 0, 3]);
+      expect(merge.keptCounters).toBe(3);
+    } finally {
+      await direct.config('SET', 'maxmemory', '0');
+    }
+    await waitFor('the kept call sent again and answered', () => merge.keptCounters === 0, 5000, 20);
+    expect(settled).toEqual([[3, 'ok']]);
+    for (const e of three) expect(await counter(e, direct)).toEqual(merged);
+    merge.close();
+  });
+
   // Last: it stops the Redis.
   it('names every entry as not applied when Redis is gone, and keeps none', async () => {
     const merge = new OutageMerge(c, keyOf);
@@ -210,7 +231,7 @@ describe('OutageMerge: a call whose answer never came (a proxy in front of a Red
   });
 
   /** A merge through the proxy, its script loaded, and what its kept calls came to. */
-  async function mergeViaProxy(options: { batching?: boolean } = {}): Promise<{
+  async function mergeViaProxy(options: { batching?: boolean; resendEveryMs?: number } = {}): Promise<{
     merge: OutageMerge;
     settled: Array<[number, 'ok' | 'failed']>;
   }> {
@@ -239,6 +260,16 @@ describe('OutageMerge: a call whose answer never came (a proxy in front of a Red
     await allIn(merge);
     expect(settled).toEqual([[3, 'ok']]);
     for (const e of three) expect(await counter(e, direct)).toEqual(merged);
+  });
+
+  it('sends a kept call again as soon as the connection is ready again, not only with the timer', async () => {
+    const { merge, settled } = await mergeViaProxy({ resendEveryMs: 60_000 });
+    const two = entries('on-ready', 2);
+    proxy.failNextCommand('request', 50);
+    expect((await failureOf(merge.merge(two))).kept).toBe(2);
+    await allIn(merge);
+    expect(settled).toEqual([[2, 'ok']]);
+    for (const e of two) expect(await counter(e, direct)).toEqual(merged);
   });
 
   it('sends a call Redis never saw again, and its units are added once', async () => {
