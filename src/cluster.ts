@@ -32,12 +32,13 @@ const MAX_RESTART_DELAY_MS = 30_000;
 /** How long the admin reload waits for each worker's answer (a reload takes milliseconds). */
 const RELOAD_ANSWER_MS = 5_000;
 
-export async function runCluster(settings: Settings): Promise<void> {
-  if (cluster.isPrimary) await runPrimary(settings);
-  else await runWorker(settings);
+/** `takeEarlyReload`: main.ts's SIGHUP listener of the start-up ends; true when a reload was asked meanwhile. */
+export async function runCluster(settings: Settings, takeEarlyReload: () => boolean): Promise<void> {
+  if (cluster.isPrimary) await runPrimary(settings, takeEarlyReload);
+  else await runWorker(settings, takeEarlyReload);
 }
 
-async function runPrimary(settings: Settings): Promise<void> {
+async function runPrimary(settings: Settings, takeEarlyReload: () => boolean): Promise<void> {
   // Workers that said they serve: they listen and take the primary's messages.
   const serving = new Set<number>();
   const primary = await startPrimary(settings, serving);
@@ -73,6 +74,8 @@ async function runPrimary(settings: Settings): Promise<void> {
     void primary.reload('signal');
     broadcast({ type: 'oapi:reload' });
   });
+  // One that came while the primary started (README "Running it"): its workers, forked just now, read the files as they start.
+  if (takeEarlyReload()) void primary.reload('signal');
   const stopWorkers = (exitCode: number): void => {
     stopping = true;
     broadcast({ type: 'oapi:shutdown' });
@@ -197,7 +200,7 @@ function disagreement({ pid, result }: WorkerAnswer, hash: string): string[] {
   return result.hash === hash ? [] : [`worker ${pid} loaded ${result.hash}`];
 }
 
-async function runWorker(settings: Settings): Promise<void> {
+async function runWorker(settings: Settings, takeEarlyReload: () => boolean): Promise<void> {
   const worker = await startGateway({ settings, admin: false }).catch(failToStart);
   // Constructing one installs prom-client's listener that answers the primary's metric requests.
   new AggregatorRegistry();
@@ -211,6 +214,7 @@ async function runWorker(settings: Settings): Promise<void> {
   process.on('SIGTERM', () => {});
   process.on('SIGINT', () => {});
   process.on('SIGHUP', () => {});
+  takeEarlyReload();
   tell({ type: 'oapi:serving' });
 }
 

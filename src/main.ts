@@ -13,6 +13,11 @@ const askEarly = (): void => {
   reloadAsked = true;
 };
 process.on('SIGHUP', askEarly);
+/** For the listener that takes over (installed first): ends the early one, and says whether a reload was asked meanwhile. */
+const takeEarlyReload = (): boolean => {
+  process.off('SIGHUP', askEarly);
+  return reloadAsked;
+};
 const { loadSettings, SettingsError } = await import('./config/settings.js');
 const { startGateway, StartupError } = await import('./runner.js');
 
@@ -31,7 +36,7 @@ async function main(): Promise<void> {
   }
   if (settings.workers > 1) {
     const { runCluster } = await import('./cluster.js');
-    await runCluster(settings);
+    await runCluster(settings, takeEarlyReload);
     return;
   }
   const gateway = await startGateway({ settings }).catch((err: unknown) => {
@@ -40,9 +45,8 @@ async function main(): Promise<void> {
       fail(err.reason !== 'files' ? err.message : `the gateway cannot start:\n${err.message}`);
     throw err;
   });
-  process.off('SIGHUP', askEarly);
   process.on('SIGHUP', () => void gateway.reload('signal'));
-  if (reloadAsked) void gateway.reload('signal');
+  if (takeEarlyReload()) void gateway.reload('signal');
   let stopping = false;
   const shutdown = (signal: string): void => {
     if (stopping) return;

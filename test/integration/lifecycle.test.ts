@@ -218,6 +218,58 @@ describe('SIGHUP while the gateway starts', () => {
       silent.close();
     }
   });
+
+  it('with WORKERS=2, one sent to the primary is done by the primary once it serves (regression: dropped)', async () => {
+    const sockets: net.Socket[] = [];
+    let connected!: () => void;
+    const connecting = new Promise<void>((resolve) => (connected = resolve));
+    const silent = net.createServer((socket) => {
+      sockets.push(socket);
+      connected();
+    });
+    await new Promise<void>((r) => silent.listen(0, '127.0.0.1', r));
+    try {
+      const dir = mkdtempSync(join(tmpdir(), 'oapi-proc-'));
+      writeFileSync(join(dir, 'limits.yaml'), LIMITS);
+      const child = spawn(process.execPath, [join(ROOT, 'dist/main.js')], {
+        cwd: dir,
+        env: {
+          PATH: process.env.PATH,
+          WORKERS: '2',
+          LIMITS_FILE: join(dir, 'limits.yaml'),
+          PORT: '0',
+          HOST: '127.0.0.1',
+          ADMIN_PORT: '0',
+          ADMIN_TOKEN,
+          EQT_BRIDGE_URL: slowUrl,
+          FNO_BRIDGE_URL: slowUrl,
+          REDIS_URL: `redis://127.0.0.1:${(silent.address() as AddressInfo).port}`,
+          API_KEY_MODE: 'any',
+        },
+        stdio: ['ignore', 'pipe', 'pipe'],
+      });
+      children.push(child);
+      const output = outputOf(child);
+      // Only the primary starts before the signal: its workers are forked once it serves.
+      await connecting;
+      child.kill('SIGHUP');
+      const { lines } = await waitForListening(child, output, { count: 3 });
+      const primary = lines.find((l) => l.admin && !l.public)?.pid;
+      expect(primary).toBe(child.pid);
+      const reloadedByPrimary = (): boolean =>
+        output
+          .stdout()
+          .split('\n')
+          .some((l) => l.includes('"trigger":"signal"') && l.includes(`"pid":${child.pid},`));
+      const deadline = Date.now() + 3000;
+      while (!reloadedByPrimary() && Date.now() < deadline) await new Promise((r) => setTimeout(r, 25));
+      expect(reloadedByPrimary()).toBe(true);
+      expect(child.signalCode).toBeNull();
+    } finally {
+      for (const socket of sockets) socket.destroy();
+      silent.close();
+    }
+  });
 });
 
 describe('SIGHUP while the gateway loads its modules', () => {
