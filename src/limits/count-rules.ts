@@ -344,7 +344,7 @@ for i = 1, #KEYS do
     local zone = ARGV[a + 6]
     local shs, sds, stz = tonumber(v[1]), tonumber(v[3]), v[5] or nil
     local newDay = not sds or sds < ds
-    if shs and zone ~= '' and stz and stz ~= zone then
+    if shs and sds and zone ~= '' and stz and stz ~= zone then
       -- Windows of two zones: those that overlap are one, in the counter's bounds; the zone is the day's.
       newDay = false
       if hs + ${HOUR_SECONDS} <= shs then hs, hc = shs, tonumber(v[2]) or 0

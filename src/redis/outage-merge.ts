@@ -13,10 +13,10 @@ import { toStoreError } from './errors.js';
  *
  * A call that failed (it timed out, the connection died, or Redis refused it, perhaps part-way)
  * may or may not have added its units. It is kept, and sent again as it was until it is answered
- * (or its day is over): before every later merge, once a second, and when the connection is ready
- * again. Every call carries this
- * instance's mark and a sequence number, which the script writes into each counter it adds to
- * (`mg:…`), and a counter whose mark is already at that number or past it is left as it is, so
+ * (or its counters have expired): before every later merge, once a second, and when the
+ * connection is ready again. Every call carries this instance's mark and a sequence number,
+ * which the script writes into each counter it adds to (`mg:…`), and a counter whose mark is
+ * already at that number or past it is left as it is, so
  * a call sent again adds only to the counters the first sending did not reach. No later call goes
  * to a counter of a kept call until it is answered, so no later number overtakes its mark.
  */

@@ -132,6 +132,19 @@ describe('OutageMerge and a key that holds something else', () => {
   );
 });
 
+describe('OutageMerge and a counter hash without its day', () => {
+  it('merges into it, so that its call is not refused (and sent again) for ever', async () => {
+    const merge = new OutageMerge(client, keyOf);
+    const [entry] = entries('no-day', 1) as [MergeEntry];
+    // Written by another program: an hour and a zone, no day.
+    await inspect.hset(keyOf(entry), 'hs', String(r.hourStart), 'tz', 'Europe/Paris');
+    await merge.merge([{ ...entry, zone: 'UTC' }]);
+    expect(await counter(entry)).toEqual([String(r.hourStart), '1', String(r.dayStart), '1']);
+    expect(merge.keptCounters).toBe(0);
+    merge.close();
+  });
+});
+
 describe('OutageMerge on a Redis of its own (INFO commandstats)', () => {
   let own: RedisProcess;
   let c: RedisClient;
