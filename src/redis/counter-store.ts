@@ -98,13 +98,15 @@ export class RedisCounterStore implements CounterStore {
 
   async reset(keyHash: string, counterIds: readonly string[]): Promise<void> {
     if (counterIds.length === 0) return;
-    // A merge call in doubt sent again after the reset would bring the old units back.
-    await this.#merge.forget(keyHash, counterIds);
-    try {
-      await this.#client.unlink(...counterIds.map((id) => this.counterKey(keyHash, id)));
-    } catch (err) {
-      throw toStoreError(err);
-    }
+    // A merge call in doubt sent again after the reset would bring the old units back: its
+    // entries go with the reset, and none is sent between the two.
+    await this.#merge.forget(keyHash, counterIds, async () => {
+      try {
+        await this.#client.unlink(...counterIds.map((id) => this.counterKey(keyHash, id)));
+      } catch (err) {
+        throw toStoreError(err);
+      }
+    });
   }
 
   /** Stops the ledger's own reconciling and the merge's own resending (on shutdown, after a last reconcile()). */

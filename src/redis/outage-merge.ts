@@ -113,13 +113,18 @@ export class OutageMerge {
     return this.#exclusive(() => this.#resendKept());
   }
 
-  /** Drops the entries of a key's counters on the given rows from the kept calls (they were reset), after what is out. */
-  forget(keyHash: string, counterIds: readonly string[]): Promise<void> {
+  /**
+   * Drops the entries of a key's counters on the given rows from the kept calls (they were reset),
+   * after what is out. With `reset`, that is done first, with nothing sent meanwhile, and the
+   * entries are dropped only if it succeeds (a reset that failed leaves the counters as they were).
+   */
+  forget(keyHash: string, counterIds: readonly string[], reset?: () => Promise<void>): Promise<void> {
     const rows = new Set(counterIds);
-    const reset = (e: MergeEntry): boolean => e.keyHash === keyHash && rows.has(e.counterId);
+    const ofReset = (e: MergeEntry): boolean => e.keyHash === keyHash && rows.has(e.counterId);
     return this.#exclusive(async () => {
+      await reset?.();
       this.#kept = this.#kept
-        .map((call) => ({ seq: call.seq, entries: call.entries.filter((e) => !reset(e)) }))
+        .map((call) => ({ seq: call.seq, entries: call.entries.filter((e) => !ofReset(e)) }))
         .filter((call) => call.entries.length > 0);
       this.#stopResendingIfDone();
     });

@@ -395,4 +395,35 @@ describe('RedisCounterStore: a reset and the merge calls it keeps', () => {
       await own.stop();
     }
   });
+
+  it('keeps them when the reset fails, so that they still reach the counters (regression: they were dropped all the same)', async () => {
+    const own = await startRedisServer();
+    const proxy = await startRedisProxy(own.port);
+    const direct = redisClient(own.url);
+    const c = await connectedClient(proxy.url, 300);
+    try {
+      const store = new RedisCounterStore(c, prefix);
+      const [reset, kept] = entries('failed-reset', 2) as [MergeEntry, MergeEntry];
+      await store.merge(entries('failed-reset-warm', 1));
+      // The call never reaches Redis, and the connection goes away with it.
+      proxy.failNextCommand('request', 10_000);
+      const merging = failureOf(store.merge([reset, kept]));
+      await sleep(50);
+      proxy.away = true;
+      expect((await merging).kept).toBe(2);
+      await waitFor('the connection down', () => c.status !== 'ready', 5000, 10);
+      await expect(store.reset(reset.keyHash, [reset.counterId])).rejects.toMatchObject({ kind: 'connection' });
+      expect(store.keptMergeCounters).toBe(2);
+      proxy.away = false;
+      await waitFor('the kept call sent again', () => store.keptMergeCounters === 0, 5000, 20);
+      expect(await counter(reset, direct)).toEqual(merged);
+      expect(await counter(kept, direct)).toEqual(merged);
+      store.close();
+    } finally {
+      c.disconnect();
+      direct.disconnect();
+      await proxy.close();
+      await own.stop();
+    }
+  });
 });
