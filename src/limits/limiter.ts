@@ -269,11 +269,18 @@ export class Limiter {
   async reset(keyHash: string, rows: readonly LimitRow[]): Promise<void> {
     // A merge in flight may carry this key's outage units: they must land before the reset, not after it.
     while (this.#merging) await this.#merging;
+    const waiting = [...this.#unmerged.values()].filter((e) => e.keyHash === keyHash);
     await this.forgetKey(keyHash, rows);
-    await this.#store.reset(
-      keyHash,
-      rows.map((row) => row.counterId),
-    );
+    try {
+      await this.#store.reset(
+        keyHash,
+        rows.map((row) => row.counterId),
+      );
+    } catch (err) {
+      // The counters were not reset: the units admitted without the store still go to them.
+      for (const entry of waiting) this.#addUnmerged(entry);
+      throw err;
+    }
   }
 
   /** Forgets what this instance holds of a key: remembered refusals and insurance counters (its counters were reset elsewhere). */

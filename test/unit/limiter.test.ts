@@ -459,6 +459,24 @@ describe('Limiter', () => {
     ).toEqual([{ hour: 0, day: 0 }]);
   });
 
+  it('keeps the units waiting for the store of a key whose reset failed (regression: they were dropped all the same)', async () => {
+    const limiter = make('insurance');
+    const down = new StoreUnavailableError('connection', 'down');
+    store.failing = down;
+    await check(limiter, small);
+    const resetWorks = store.reset;
+    store.reset = async () => {
+      throw down;
+    };
+    await expect(limiter.reset('key', [small])).rejects.toBe(down);
+    store.reset = resetWorks;
+    store.failing = undefined;
+    clock.advance(1001);
+    await check(limiter, small, 'other');
+    await limiter.merged();
+    expect(store.merges).toEqual([[expect.objectContaining({ keyHash: 'key', hour: 1, day: 1 })]]);
+  });
+
   it('admits without counting in open mode, and answers unavailable in closed mode', async () => {
     store.failing = new StoreUnavailableError('timeout', 'slow');
     expect(await check(make('open'), small)).toEqual({ kind: 'uncounted', allowed: true });
