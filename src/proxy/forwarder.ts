@@ -441,7 +441,9 @@ class HttpExchange {
     const { outgoing, usageHeaders, requestId, ownsCors } = this.#request;
     const headers = responseHeaderList(latin1(rawHeaders), usageHeaders, ownsCors);
     headers.push('X-Request-Id', requestId);
-    outgoing.writeHead(statusCode, statusText, headers);
+    // A reason phrase Node will not write (a control character: undici passes one on) would throw
+    // here and cut the answer: Node's own phrase for the status then (clients ignore it, RFC 9112 §4).
+    outgoing.writeHead(statusCode, NOT_WRITABLE.test(statusText) ? undefined : statusText, headers);
     return true;
   }
 
@@ -540,6 +542,9 @@ class HttpExchange {
 }
 
 /** undici's raw header names and values (latin1, as on the wire). */
+/** What Node refuses in a status line's reason phrase (its check of header values). */
+const NOT_WRITABLE = /[^\t\x20-\x7e\x80-\xff]/;
+
 function latin1(raw: readonly Buffer[]): string[] {
   const out = new Array<string>(raw.length);
   for (let i = 0; i < raw.length; i++) out[i] = (raw[i] as Buffer).toString('latin1');

@@ -8,6 +8,7 @@ import { outputOf, waitForOutput } from './child-gateway.js';
  *
  *  - `ok`             a complete 200 (kept alive)
  *  - `informational`  a 102 Processing and a 103 Early Hints, then the complete 200 of `ok`
+ *  - `control-reason` the complete 200 of `ok`, its reason phrase holding a control character
  *  - `reset-length`   status line, Content-Length 1000, part of the body, then a TCP reset
  *  - `close-chunked`  status line, chunked, one chunk, then a plain close (FIN) with no last chunk
  *  - `silent`         reads the request and never answers
@@ -75,7 +76,7 @@ export async function startFaultyBridge(): Promise<FaultyBridge> {
         headSeen = false;
         const asked = path.split('?')[0]?.split('/').at(-1) ?? '';
         const mode = asked === 'stale' ? (record.paths.length > 1 ? 'drop' : 'ok') : asked;
-        if (mode !== 'ok' && mode !== 'informational') stopped = true;
+        if (mode !== 'ok' && mode !== 'informational' && mode !== 'control-reason') stopped = true;
         answer(socket, mode);
         if (stopped) return;
       }
@@ -107,6 +108,11 @@ function answer(socket: net.Socket, mode: string): void {
     case 'ok':
       socket.write(
         `HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: ${OK_BODY.length}\r\n\r\n${OK_BODY}`,
+      );
+      return;
+    case 'control-reason':
+      socket.write(
+        `HTTP/1.1 200 O\x01K\r\nContent-Type: application/json\r\nContent-Length: ${OK_BODY.length}\r\n\r\n${OK_BODY}`,
       );
       return;
     case 'informational':

@@ -179,6 +179,18 @@ describe("regression: a bridge's informational answer (1xx) before its final one
   });
 });
 
+describe("regression: a bridge's reason phrase with a control character cut the client's connection", () => {
+  it("is replaced by Node's own phrase for the status; the answer is otherwise the bridge's, whole", async () => {
+    // undici passes the phrase on, and Node's writeHead throws on it (ERR_INVALID_CHAR).
+    const key = newKey();
+    const out = await order('control-reason', key);
+    expect(out.error).toBeUndefined();
+    expect(out.reply?.status).toBe(200);
+    expect(out.reply?.text).toBe(OK_BODY);
+    await expectServingAndCounted(key, 1);
+  });
+});
+
 describe('the one resend: a GET is sent again only after meeting a kept-alive connection the bridge had closed', () => {
   // A gateway of its own for each test: its pool has no connection to the bridge until the test opens one.
   let own: TestGateway;
