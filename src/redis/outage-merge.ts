@@ -156,7 +156,10 @@ export class OutageMerge {
       const free: MergeEntry[] = [];
       for (const e of entries) (heldBack.has(this.#keyOf(e)) ? notApplied : free).push(e);
       if (free.length < entries.length)
-        away = new StoreUnavailableError('connection', 'Redis unavailable: an earlier merge call was not answered');
+        away = new StoreUnavailableError(
+          'connection',
+          'Redis unavailable: an earlier merge call of these counters is still to be answered',
+        );
       entries = free;
     }
     /** Entries whose call was answered, those whose key holds something else, and those kept. */

@@ -6,6 +6,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { outputOf, waitForListening, type ListeningLine } from '../helpers/child-gateway.js';
+import { sleep, waitFor } from '../helpers/faults.js';
 import { ADMIN_TOKEN } from '../helpers/gateway.js';
 import { send } from '../helpers/http.js';
 import { redisClient, REDIS_URL, uniquePrefix } from '../helpers/redis.js';
@@ -171,87 +172,79 @@ describe.each(['SIGTERM', 'SIGINT'] as const)('%s sent twice', (signal) => {
   });
 });
 
+/**
+ * The gateway as a process that is still starting: `dist/main.js` under `nodeArgs`, with the
+ * table and both bridges, and no Redis unless `env` names one; the test waits for what it needs.
+ */
+function spawnStarting(
+  env: Record<string, string>,
+  nodeArgs: string[] = [],
+  dir = mkdtempSync(join(tmpdir(), 'oapi-proc-')),
+) {
+  writeFileSync(join(dir, 'limits.yaml'), LIMITS);
+  const child = spawn(process.execPath, [...nodeArgs, join(ROOT, 'dist/main.js')], {
+    cwd: dir,
+    env: {
+      PATH: process.env.PATH,
+      LIMITS_FILE: join(dir, 'limits.yaml'),
+      PORT: '0',
+      HOST: '127.0.0.1',
+      ADMIN_PORT: '0',
+      ADMIN_TOKEN,
+      EQT_BRIDGE_URL: slowUrl,
+      FNO_BRIDGE_URL: slowUrl,
+      API_KEY_MODE: 'any',
+      ...env,
+    },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  children.push(child);
+  return { child, output: outputOf(child) };
+}
+
+/** A Redis that takes the connection and never answers: it holds the start-up in its connection wait. */
+async function silentRedis(): Promise<{ url: string; connecting: Promise<void>; close(): void }> {
+  const sockets: net.Socket[] = [];
+  let connected!: () => void;
+  const connecting = new Promise<void>((resolve) => (connected = resolve));
+  const silent = net.createServer((socket) => {
+    sockets.push(socket);
+    connected();
+  });
+  await new Promise<void>((r) => silent.listen(0, '127.0.0.1', r));
+  return {
+    url: `redis://127.0.0.1:${(silent.address() as AddressInfo).port}`,
+    connecting,
+    close: () => {
+      for (const socket of sockets) socket.destroy();
+      silent.close();
+    },
+  };
+}
+
 describe('SIGHUP while the gateway starts', () => {
   it('regression: does not end the process, and reloads once it serves', async () => {
-    // A Redis that takes the connection and never answers holds the start-up in its connection wait.
-    const sockets: net.Socket[] = [];
-    let connected!: () => void;
-    const connecting = new Promise<void>((resolve) => (connected = resolve));
-    const silent = net.createServer((socket) => {
-      sockets.push(socket);
-      connected();
-    });
-    await new Promise<void>((r) => silent.listen(0, '127.0.0.1', r));
+    const redis = await silentRedis();
     try {
-      const dir = mkdtempSync(join(tmpdir(), 'oapi-proc-'));
-      writeFileSync(join(dir, 'limits.yaml'), LIMITS);
-      const child = spawn(process.execPath, [join(ROOT, 'dist/main.js')], {
-        cwd: dir,
-        env: {
-          PATH: process.env.PATH,
-          LIMITS_FILE: join(dir, 'limits.yaml'),
-          PORT: '0',
-          HOST: '127.0.0.1',
-          ADMIN_PORT: '0',
-          ADMIN_TOKEN,
-          EQT_BRIDGE_URL: slowUrl,
-          FNO_BRIDGE_URL: slowUrl,
-          REDIS_URL: `redis://127.0.0.1:${(silent.address() as AddressInfo).port}`,
-          API_KEY_MODE: 'any',
-        },
-        stdio: ['ignore', 'pipe', 'pipe'],
-      });
-      children.push(child);
-      const output = outputOf(child);
-      await connecting;
+      const { child, output } = spawnStarting({ REDIS_URL: redis.url });
+      await redis.connecting;
       child.kill('SIGHUP');
       const { url } = await waitForListening(child, output);
       const reply = await send(url, { path: '/orders/1', headers: { 'X-API-Key': 'early' }, agent: false });
       expect(reply.status).toBe(200);
-      const deadline = Date.now() + 3000;
-      while (!output.stdout().includes('"trigger":"signal"') && Date.now() < deadline)
-        await new Promise((r) => setTimeout(r, 25));
-      expect(output.stdout()).toContain('"trigger":"signal"');
+      await waitFor('the reload of the signal', () => output.stdout().includes('"trigger":"signal"'), 3000);
       expect(child.signalCode).toBeNull();
     } finally {
-      for (const socket of sockets) socket.destroy();
-      silent.close();
+      redis.close();
     }
   });
 
   it('with WORKERS=2, one sent to the primary is done by the primary once it serves (regression: dropped)', async () => {
-    const sockets: net.Socket[] = [];
-    let connected!: () => void;
-    const connecting = new Promise<void>((resolve) => (connected = resolve));
-    const silent = net.createServer((socket) => {
-      sockets.push(socket);
-      connected();
-    });
-    await new Promise<void>((r) => silent.listen(0, '127.0.0.1', r));
+    const redis = await silentRedis();
     try {
-      const dir = mkdtempSync(join(tmpdir(), 'oapi-proc-'));
-      writeFileSync(join(dir, 'limits.yaml'), LIMITS);
-      const child = spawn(process.execPath, [join(ROOT, 'dist/main.js')], {
-        cwd: dir,
-        env: {
-          PATH: process.env.PATH,
-          WORKERS: '2',
-          LIMITS_FILE: join(dir, 'limits.yaml'),
-          PORT: '0',
-          HOST: '127.0.0.1',
-          ADMIN_PORT: '0',
-          ADMIN_TOKEN,
-          EQT_BRIDGE_URL: slowUrl,
-          FNO_BRIDGE_URL: slowUrl,
-          REDIS_URL: `redis://127.0.0.1:${(silent.address() as AddressInfo).port}`,
-          API_KEY_MODE: 'any',
-        },
-        stdio: ['ignore', 'pipe', 'pipe'],
-      });
-      children.push(child);
-      const output = outputOf(child);
+      const { child, output } = spawnStarting({ REDIS_URL: redis.url, WORKERS: '2' });
       // Only the primary starts before the signal: its workers are forked once it serves.
-      await connecting;
+      await redis.connecting;
       child.kill('SIGHUP');
       const { lines } = await waitForListening(child, output, { count: 3 });
       const primary = lines.find((l) => l.admin && !l.public)?.pid;
@@ -261,13 +254,10 @@ describe('SIGHUP while the gateway starts', () => {
           .stdout()
           .split('\n')
           .some((l) => l.includes('"trigger":"signal"') && l.includes(`"pid":${child.pid},`));
-      const deadline = Date.now() + 3000;
-      while (!reloadedByPrimary() && Date.now() < deadline) await new Promise((r) => setTimeout(r, 25));
-      expect(reloadedByPrimary()).toBe(true);
+      await waitFor("the primary's reload of the signal", reloadedByPrimary, 3000);
       expect(child.signalCode).toBeNull();
     } finally {
-      for (const socket of sockets) socket.destroy();
-      silent.close();
+      redis.close();
     }
   });
 });
@@ -294,37 +284,20 @@ export async function load(url, context, nextLoad) {
       join(dir, 'register.mjs'),
       "import { register } from 'node:module';\nregister('./hooks.mjs', import.meta.url);\n",
     );
-    writeFileSync(join(dir, 'limits.yaml'), LIMITS);
-    const child = spawn(process.execPath, ['--import', join(dir, 'register.mjs'), join(ROOT, 'dist/main.js')], {
-      cwd: dir,
-      env: {
-        PATH: process.env.PATH,
-        LIMITS_FILE: join(dir, 'limits.yaml'),
-        PORT: '0',
-        HOST: '127.0.0.1',
-        ADMIN_PORT: '0',
-        ADMIN_TOKEN,
-        EQT_BRIDGE_URL: slowUrl,
-        FNO_BRIDGE_URL: slowUrl,
-        API_KEY_MODE: 'any',
-      },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
-    children.push(child);
-    const output = outputOf(child);
-    const deadline = Date.now() + 10_000;
-    while (!output.stderr().includes('holding runner.js') && child.exitCode === null && Date.now() < deadline)
-      await new Promise((r) => setTimeout(r, 10));
+    const { child, output } = spawnStarting({}, ['--import', join(dir, 'register.mjs')], dir);
+    await waitFor(
+      'the hook holding runner.js',
+      () => output.stderr().includes('holding runner.js') || child.exitCode !== null,
+      10_000,
+      10,
+    );
     expect(output.stderr()).toContain('holding runner.js');
     child.kill('SIGHUP');
-    await new Promise((r) => setTimeout(r, 200));
+    await sleep(200);
     expect([child.exitCode, child.signalCode]).toEqual([null, null]);
     writeFileSync(release, '');
     await waitForListening(child, output);
-    const until = Date.now() + 3000;
-    while (!output.stdout().includes('"trigger":"signal"') && Date.now() < until)
-      await new Promise((r) => setTimeout(r, 25));
-    expect(output.stdout()).toContain('"trigger":"signal"');
+    await waitFor('the reload of the signal', () => output.stdout().includes('"trigger":"signal"'), 3000);
   });
 });
 

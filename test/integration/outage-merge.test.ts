@@ -1,4 +1,4 @@
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, beforeAll, beforeEach, describe, expect, it } from 'vitest';
 import { CONSUME_SCRIPT, pushConsumeArgs } from '../../src/limits/count-rules.js';
 import { MergeFailedError, type CounterKey, type MergeEntry } from '../../src/limits/store.js';
 import { createRedisClient, type RedisClient } from '../../src/redis/connection.js';
@@ -367,63 +367,64 @@ describe('OutageMerge: a call whose answer never came (a proxy in front of a Red
 });
 
 describe('RedisCounterStore: a reset and the merge calls it keeps', () => {
+  let own: RedisProcess;
+  let proxy: RedisProxy;
+  let direct: ReturnType<typeof redisClient>;
+  let c: RedisClient;
+  let store: RedisCounterStore;
+
+  beforeAll(async () => {
+    own = await startRedisServer();
+    proxy = await startRedisProxy(own.port);
+    direct = redisClient(own.url);
+  });
+  afterAll(async () => {
+    direct.disconnect();
+    await proxy.close();
+    await own.stop();
+  });
+  beforeEach(async () => {
+    c = await connectedClient(proxy.url, 300);
+    store = new RedisCounterStore(c, prefix);
+  });
+  afterEach(() => {
+    proxy.delayRepliesMs = 0;
+    proxy.away = false;
+    store.close();
+    c.disconnect();
+  });
+
   it("drops the reset rows' units from the kept calls before the reset, so that sending them again cannot bring them back", async () => {
-    const own = await startRedisServer();
-    const proxy = await startRedisProxy(own.port);
-    const direct = redisClient(own.url);
-    const c = await connectedClient(proxy.url, 300);
-    try {
-      const store = new RedisCounterStore(c, prefix);
-      const [reset, kept] = entries('store-reset', 2) as [MergeEntry, MergeEntry];
-      await store.merge(entries('store-warm', 1));
-      proxy.delayRepliesMs = 600;
-      expect((await failureOf(store.merge([reset, kept]))).kept).toBe(2);
-      proxy.delayRepliesMs = 0;
-      // The late answer comes first (the reset's own would wait behind it past its timeout).
-      await sleep(400);
-      expect(store.keptMergeCounters).toBe(2);
-      await store.reset(reset.keyHash, [reset.counterId]);
-      await store.reconcile();
-      expect(store.keptMergeCounters).toBe(0);
-      expect(await counter(reset, direct)).toEqual(untouched);
-      expect(await counter(kept, direct)).toEqual(merged);
-      store.close();
-    } finally {
-      c.disconnect();
-      direct.disconnect();
-      await proxy.close();
-      await own.stop();
-    }
+    const [reset, kept] = entries('store-reset', 2) as [MergeEntry, MergeEntry];
+    await store.merge(entries('store-warm', 1));
+    proxy.delayRepliesMs = 600;
+    expect((await failureOf(store.merge([reset, kept]))).kept).toBe(2);
+    proxy.delayRepliesMs = 0;
+    // The late answer comes first (the reset's own would wait behind it past its timeout).
+    await sleep(400);
+    expect(store.keptMergeCounters).toBe(2);
+    await store.reset(reset.keyHash, [reset.counterId]);
+    await store.reconcile();
+    expect(store.keptMergeCounters).toBe(0);
+    expect(await counter(reset, direct)).toEqual(untouched);
+    expect(await counter(kept, direct)).toEqual(merged);
   });
 
   it('keeps them when the reset fails, so that they still reach the counters (regression: they were dropped all the same)', async () => {
-    const own = await startRedisServer();
-    const proxy = await startRedisProxy(own.port);
-    const direct = redisClient(own.url);
-    const c = await connectedClient(proxy.url, 300);
-    try {
-      const store = new RedisCounterStore(c, prefix);
-      const [reset, kept] = entries('failed-reset', 2) as [MergeEntry, MergeEntry];
-      await store.merge(entries('failed-reset-warm', 1));
-      // The call never reaches Redis, and the connection goes away with it.
-      proxy.failNextCommand('request', 10_000);
-      const merging = failureOf(store.merge([reset, kept]));
-      await sleep(50);
-      proxy.away = true;
-      expect((await merging).kept).toBe(2);
-      await waitFor('the connection down', () => c.status !== 'ready', 5000, 10);
-      await expect(store.reset(reset.keyHash, [reset.counterId])).rejects.toMatchObject({ kind: 'connection' });
-      expect(store.keptMergeCounters).toBe(2);
-      proxy.away = false;
-      await waitFor('the kept call sent again', () => store.keptMergeCounters === 0, 5000, 20);
-      expect(await counter(reset, direct)).toEqual(merged);
-      expect(await counter(kept, direct)).toEqual(merged);
-      store.close();
-    } finally {
-      c.disconnect();
-      direct.disconnect();
-      await proxy.close();
-      await own.stop();
-    }
+    const [reset, kept] = entries('failed-reset', 2) as [MergeEntry, MergeEntry];
+    await store.merge(entries('failed-reset-warm', 1));
+    // The call never reaches Redis, and the connection goes away with it.
+    proxy.failNextCommand('request', 10_000);
+    const merging = failureOf(store.merge([reset, kept]));
+    await sleep(50);
+    proxy.away = true;
+    expect((await merging).kept).toBe(2);
+    await waitFor('the connection down', () => c.status !== 'ready', 5000, 10);
+    await expect(store.reset(reset.keyHash, [reset.counterId])).rejects.toMatchObject({ kind: 'connection' });
+    expect(store.keptMergeCounters).toBe(2);
+    proxy.away = false;
+    await waitFor('the kept call sent again', () => store.keptMergeCounters === 0, 5000, 20);
+    expect(await counter(reset, direct)).toEqual(merged);
+    expect(await counter(kept, direct)).toEqual(merged);
   });
 });

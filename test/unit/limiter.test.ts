@@ -247,7 +247,8 @@ describe('Limiter', () => {
     expect(store.merges).toHaveLength(3);
   });
 
-  it('reports the units of a merge that failed part-way by what became of them: added, kept for another try, or perhaps added (the metric of docs/operations.md "Metrics")', async () => {
+  /** An insurance-mode limiter whose observer records what it reports of merges. */
+  function reportingMerges(): { limiter: Limiter; merged: Array<[number, string]> } {
     const merged: Array<[number, string]> = [];
     const limiter = new Limiter({
       store,
@@ -262,6 +263,11 @@ describe('Limiter', () => {
         merged: (n, r) => merged.push([n, r]),
       },
     });
+    return { limiter, merged };
+  }
+
+  it('reports the units of a merge that failed part-way by what became of them: added, kept for another try, or perhaps added (the metric of docs/operations.md "Metrics")', async () => {
+    const { limiter, merged } = reportingMerges();
     store.failing = new StoreUnavailableError('connection', 'master away', { part: true });
     for (const keyHash of ['added', 'kept', 'perhaps']) await check(limiter, small, keyHash);
     store.failing = undefined;
@@ -283,20 +289,7 @@ describe('Limiter', () => {
   });
 
   it("leaves the counters a failed merge's store keeps to send again (MergeFailedError's kept) to the store to report, and reports them neither ok nor failed itself", async () => {
-    const merged: Array<[number, string]> = [];
-    const limiter = new Limiter({
-      store,
-      insurance,
-      failureMode: 'insurance',
-      clock,
-      retryStoreAfterMs: 1000,
-      observer: {
-        storeError: () => {},
-        fallback: () => {},
-        storeCall: () => {},
-        merged: (n, r) => merged.push([n, r]),
-      },
-    });
+    const { limiter, merged } = reportingMerges();
     store.failing = new StoreUnavailableError('connection', 'down');
     for (const keyHash of ['added', 'retry', 'kept', 'perhaps']) await check(limiter, small, keyHash);
     store.failing = undefined;
