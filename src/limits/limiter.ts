@@ -269,18 +269,25 @@ export class Limiter {
   async reset(keyHash: string, rows: readonly LimitRow[]): Promise<void> {
     // A merge in flight may carry this key's outage units: they must land before the reset, not after it.
     while (this.#merging) await this.#merging;
-    const waiting = [...this.#unmerged.values()].filter((e) => e.keyHash === keyHash);
-    await this.forgetKey(keyHash, rows);
+    // Taken out before the store's reset, so that no merge sends them after it.
+    const waiting: MergeEntry[] = [];
+    for (const [key, entry] of this.#unmerged)
+      if (entry.keyHash === keyHash) {
+        waiting.push(entry);
+        this.#unmerged.delete(key);
+      }
     try {
       await this.#store.reset(
         keyHash,
         rows.map((row) => row.counterId),
       );
     } catch (err) {
-      // The counters were not reset: the units admitted without the store still go to them.
+      // The counters were not reset: the units admitted without the store still go to them, and the
+      // key's remembered refusals and insurance counts still hold.
       for (const entry of waiting) this.#addUnmerged(entry);
       throw err;
     }
+    await this.forgetKey(keyHash, rows);
   }
 
   /** Forgets what this instance holds of a key: remembered refusals and insurance counters (its counters were reset elsewhere). */

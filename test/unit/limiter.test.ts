@@ -470,6 +470,22 @@ describe('Limiter', () => {
     expect(store.merges).toEqual([[expect.objectContaining({ keyHash: 'key', hour: 1, day: 1 })]]);
   });
 
+  it('keeps the insurance counts and remembered refusals of a key whose reset failed (regression: a failed reset gave the key a fresh local quota)', async () => {
+    const limiter = make('insurance');
+    const down = new StoreUnavailableError('connection', 'down');
+    for (let i = 0; i < 4; i++) await check(limiter, small, 'remembered');
+    store.failing = down;
+    for (let i = 0; i < 3; i++) await check(limiter, small);
+    store.reset = async () => {
+      throw down;
+    };
+    await expect(limiter.reset('key', [small])).rejects.toBe(down);
+    await expect(limiter.reset('remembered', [small])).rejects.toBe(down);
+    expect(counted(await check(limiter, small))).toMatchObject({ allowed: false, source: 'insurance' });
+    store.failing = undefined;
+    expect(counted(await check(limiter, small, 'remembered'))).toMatchObject({ allowed: false, source: 'cache' });
+  });
+
   it('admits without counting in open mode, and answers unavailable in closed mode', async () => {
     store.failing = new StoreUnavailableError('timeout', 'slow');
     expect(await check(make('open'), small)).toEqual({ kind: 'uncounted', allowed: true });
