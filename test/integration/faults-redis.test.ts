@@ -1,7 +1,7 @@
 import http from 'node:http';
 import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { startTestGateway, type TestGateway } from '../helpers/gateway.js';
+import { authHeader, startTestGateway, type TestGateway } from '../helpers/gateway.js';
 import { USAGE_HEADER_KEYS, expectTwoFields, send, type Reply } from '../helpers/http.js';
 import { startRedisServer, type RedisProcess } from '../helpers/redis.js';
 import { startRedisProxy, type RedisProxy } from '../helpers/redis-proxy.js';
@@ -625,5 +625,79 @@ describe('a Redis busy with one long command (DEBUG SLEEP)', () => {
     // Each was decided by Redis in time or by the insurance counters after one timeout at most.
     for (const o of outcomes) expect(o.ms).toBeLessThan(TIMEOUT_MS * 1.6);
     expect(new Set(await Promise.all(outcomes.map((o) => counterOf(gw, o.id))))).toEqual(new Set(['insurance']));
+  });
+});
+
+describe('a usage reset heard from another instance while this one keeps a merge Redis refused', () => {
+  let redis: RedisProcess;
+  let proxy: RedisProxy;
+  let control: Redis;
+
+  beforeAll(async () => {
+    redis = await startRedisServer();
+    proxy = await startRedisProxy(redis.port);
+    control = new Redis(redis.url, { maxRetriesPerRequest: 1 });
+  });
+  afterAll(async () => {
+    control?.disconnect();
+    await proxy?.close();
+    await redis?.stop();
+  });
+
+  /** Subscribers of the event channels of this test's own Redis. */
+  async function subscribers(): Promise<number> {
+    const channels = (await control.call('PUBSUB', 'CHANNELS')) as string[];
+    if (channels.length === 0) return 0;
+    const counts = (await control.call('PUBSUB', 'NUMSUB', ...channels)) as Array<string | number>;
+    return counts.filter((_, i) => i % 2 === 1).reduce<number>((sum, c) => sum + Number(c), 0);
+  }
+
+  it('drops the key’s kept units (the runner’s usage-reset wiring), so they never land after the reset', async () => {
+    const far = await startTestGateway({
+      limits: LIMITS,
+      redis: proxy.url,
+      env: { REDIS_TIMEOUT_MS: '200', LOG_LEVEL: 'info' },
+    });
+    const near = await startTestGateway({
+      limits: LIMITS,
+      redis: redis.url,
+      prefix: far.prefix,
+      bridges: { eqt: far.eqt, fno: far.fno },
+    });
+    try {
+      const key = newKey('kept-reset');
+      proxy.away = true;
+      for (let i = 0; i < 3; i++) {
+        const { reply, id } = await get(far, '/orders/1', key);
+        expect(reply.status).toBe(200);
+        expect(await counterOf(far, id)).toBe('insurance');
+      }
+      // Redis out of memory under noeviction refuses the merge's writes: the instance keeps the
+      // call and sends it again once a second (docs/operations.md "The outage's admissions end up in Redis").
+      await control.config('SET', 'maxmemory-policy', 'noeviction');
+      await control.config('SET', 'maxmemory', '1');
+      const merges = proxy.countForwarded('mg:');
+      proxy.away = false;
+      await waitFor('the refused merge sent again', () => merges() >= 2, 5000, 20);
+      await waitFor('both instances subscribed', async () => (await subscribers()) === 2, 5000, 20);
+
+      const reset = await send(near.adminUrl, {
+        path: `/admin/usage/${key}`,
+        method: 'DELETE',
+        headers: authHeader(),
+      });
+      expect(reset.status).toBe(204);
+      // The event reaches the far instance over loopback pub/sub within milliseconds.
+      await sleep(200);
+      const after = proxy.countForwarded('mg:');
+      await control.config('SET', 'maxmemory', '0');
+      // Two of the far instance's once-a-second resends would have come by now.
+      await sleep(2500);
+      expect(after()).toBe(0);
+      expect(await usageOfRow(near, key, 'GET /orders/{id}')).toMatchObject({ hour: { used: 0 }, day: { used: 0 } });
+    } finally {
+      await near.stop();
+      await far.stop();
+    }
   });
 });
