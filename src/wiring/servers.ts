@@ -132,12 +132,43 @@ export function listen(
     server.once('error', failed);
     server.listen(port, host, () => {
       server.off('error', failed);
-      server.on('error', function logListenerError(err: NodeJS.ErrnoException) {
-        logger.error({ listener: names.port, code: err.code, err: err.message }, 'listener error; still listening');
-      });
+      server.on('error', listenerErrorLog(logger, names.port));
       resolve();
     });
   });
+}
+
+/**
+ * At most one line per listener a second: an accept failure that lasts comes once per event-loop
+ * turn. The errors in between are told in one line with their number (`repeated`) and the last one.
+ */
+export const LISTENER_ERROR_LOG_MS = 1000;
+
+function listenerErrorLog(logger: Logger, listener: string): (err: NodeJS.ErrnoException) => void {
+  let loggedAt = -Infinity;
+  let repeated = 0;
+  let last: NodeJS.ErrnoException | undefined;
+  let summary: NodeJS.Timeout | undefined;
+  const logRepeated = (): void => {
+    summary = undefined;
+    loggedAt = Date.now();
+    logger.error(
+      { listener, code: last?.code, err: last?.message, repeated },
+      'listener error repeated; still listening',
+    );
+    repeated = 0;
+  };
+  return function logListenerError(err) {
+    const now = Date.now();
+    if (now - loggedAt >= LISTENER_ERROR_LOG_MS && summary === undefined) {
+      loggedAt = now;
+      logger.error({ listener, code: err.code, err: err.message }, 'listener error; still listening');
+      return;
+    }
+    repeated++;
+    last = err;
+    summary ??= setTimeout(logRepeated, loggedAt + LISTENER_ERROR_LOG_MS - now).unref();
+  };
 }
 
 function portProblem(err: NodeJS.ErrnoException): string {

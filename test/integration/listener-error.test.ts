@@ -3,7 +3,8 @@ import type { AddressInfo } from 'node:net';
 import { Writable } from 'node:stream';
 import { describe, expect, it } from 'vitest';
 import { createLogger } from '../../src/observability/logger.js';
-import { listen, PUBLIC_SETTINGS } from '../../src/wiring/servers.js';
+import { listen, LISTENER_ERROR_LOG_MS, PUBLIC_SETTINGS } from '../../src/wiring/servers.js';
+import { waitFor } from '../helpers/faults.js';
 
 /**
  * A listener's error once it listens: libuv reports a connection it could not accept (ENOBUFS,
@@ -11,7 +12,7 @@ import { listen, PUBLIC_SETTINGS } from '../../src/wiring/servers.js';
  * to cause on demand here; the test emits what Node emits then.
  */
 describe('a listener error after start-up', () => {
-  it('is logged, and the listener goes on serving (regression: with no listener for it, the error ended the process)', async () => {
+  it('is logged, at most one line a second, and the listener goes on serving (regression: with no listener for it, the error ended the process)', async () => {
     const lines: string[] = [];
     const logger = createLogger(
       'info',
@@ -37,6 +38,18 @@ describe('a listener error after start-up', () => {
           msg: 'listener error; still listening',
         }),
       ]);
+      for (let i = 0; i < 500; i++) server.emit('error', failure);
+      expect(lines).toHaveLength(1);
+      await waitFor('the repeated errors told', () => lines.length === 2, LISTENER_ERROR_LOG_MS + 1000, 20);
+      expect(JSON.parse(lines[1]!)).toEqual(
+        expect.objectContaining({
+          level: 'error',
+          listener: 'PORT',
+          code: 'ENOBUFS',
+          repeated: 500,
+          msg: 'listener error repeated; still listening',
+        }),
+      );
       const { port } = server.address() as AddressInfo;
       const reply = await fetch(`http://127.0.0.1:${port}/`);
       expect(await reply.text()).toBe('ok');
