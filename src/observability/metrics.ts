@@ -98,7 +98,7 @@ export class GatewayMetrics implements LimiterObserver {
   });
   readonly insuranceMerges = new Counter({
     name: 'oapi_gateway_insurance_merged_total',
-    help: 'Counters (key, row) whose units admitted from the insurance counters during a Redis outage were handed to Redis once it was back, by result (ok: added; failed: the call failed, so they may or may not be in Redis, and are not sent again).',
+    help: 'Counters (key, row) whose units admitted from the insurance counters during a Redis outage were handed to Redis once it was back, by result (ok: added; failed: not added and not sent again, as their key holds something else than a counter). A call that fails is sent again until answered, and counted then.',
     labelNames: ['result'] as const,
     registers: [this.registry],
   });
