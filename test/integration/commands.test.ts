@@ -1,11 +1,11 @@
 import { execFile, spawn, type ChildProcess } from 'node:child_process';
 import { createHash } from 'node:crypto';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { promisify } from 'node:util';
 import { afterEach, describe, expect, it } from 'vitest';
-import { ROOT, runCli, runCliWithInput } from '../helpers/cli.js';
+import { CLI, ROOT, runCli, runCliWithInput } from '../helpers/cli.js';
 import { outputOf, waitForListening, waitForOutput } from '../helpers/child-gateway.js';
 
 /** The commands of README "Running it", run as a user runs them (from the built `dist/`). */
@@ -106,9 +106,22 @@ describe('npm start', () => {
 });
 
 describe('npx oapi-gateway', () => {
-  it("runs the package's own CLI from the repository, as the README says (no install step, no self-dependency)", async () => {
-    const { stdout } = await run('npx', ['--no', 'oapi-gateway', 'help'], { cwd: ROOT });
-    expect(stdout).toContain('oapi-gateway check');
+  it("runs the package's own CLI from the repository, as the README says (no install step, no self-dependency), and leaves dist/ as it is (regression: its first run rebuilt dist/ under the other test files)", async () => {
+    // The first npx in a checkout runs the package's `prepare` (a build) as it links it into npm's
+    // cache: it would write dist/ again while other test files load it (README "Running it"). A
+    // cache of the test's own makes every run a first one.
+    const cache = mkdtempSync(join(tmpdir(), 'oapi-npx-'));
+    const built = statSync(CLI).mtimeMs;
+    try {
+      const { stdout } = await run('npx', ['--no', 'oapi-gateway', 'help'], {
+        cwd: ROOT,
+        env: { ...process.env, npm_config_cache: cache, npm_config_ignore_scripts: 'true' },
+      });
+      expect(stdout).toContain('oapi-gateway check');
+    } finally {
+      rmSync(cache, { recursive: true, force: true });
+    }
+    expect(statSync(CLI).mtimeMs).toBe(built);
   });
 
   it('check prints the shipped table and exits 0', async () => {
