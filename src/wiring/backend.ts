@@ -10,7 +10,7 @@ import type { Logger } from '../observability/logger.js';
 import { connectWithin, createRedisClient, createSubscriber, isReady, type RedisClient } from '../redis/connection.js';
 import { RedisCounterStore } from '../redis/counter-store.js';
 import { RedisEventBus } from '../redis/events.js';
-import { evictingNodes } from '../redis/eviction.js';
+import { evictingNodes, onNewMasters } from '../redis/eviction.js';
 import { RedisIssuedKeyStore } from '../redis/issued-keys.js';
 import type { Closers } from './closers.js';
 import { StartupError } from './startup-error.js';
@@ -126,14 +126,10 @@ async function redisBackend(settings: Settings, options: BackendOptions, closers
   };
 }
 
-function watchConnection(redis: RedisClient, mode: FailureMode, logger: Logger): void {
-  redis.on('error', (err: Error) => logger.debug({ err: err.message }, 'redis error'));
-  let wasReady = false;
-  redis.on('ready', () => {
-    if (wasReady) logger.warn('redis is back; counting in redis again');
-    wasReady = true;
-    // Checked on every connection: the Redis behind the address may be another one now.
-    void evictingNodes(redis).then((nodes) => {
+/** Warns of each Redis, or master of a Cluster, whose policy may evict counters (docs/operations.md "Redis"). */
+export function warnOfEviction(redis: RedisClient, logger: Logger): void {
+  onNewMasters(redis, (only) => {
+    void evictingNodes(redis, only).then((nodes) => {
       for (const { node, policy } of nodes) {
         logger.warn(
           { node, policy },
@@ -142,6 +138,16 @@ function watchConnection(redis: RedisClient, mode: FailureMode, logger: Logger):
       }
     });
   });
+}
+
+function watchConnection(redis: RedisClient, mode: FailureMode, logger: Logger): void {
+  redis.on('error', (err: Error) => logger.debug({ err: err.message }, 'redis error'));
+  let wasReady = false;
+  redis.on('ready', () => {
+    if (wasReady) logger.warn('redis is back; counting in redis again');
+    wasReady = true;
+  });
+  warnOfEviction(redis, logger);
   redis.on('close', () => {
     if (wasReady) logger.warn({ mode }, 'redis connection lost');
   });

@@ -18,6 +18,11 @@ export interface RedisCluster {
   readonly nodes: string;
   readonly ports: readonly number[];
   readonly pids: readonly number[];
+  /**
+   * Starts one more node and joins it as a master without slots (`redis-cli --cluster add-node`);
+   * resolves with its port (also added to `ports`) once every node knows it and serves.
+   */
+  addMaster(): Promise<number>;
   /** Kills every node by PID and removes the data directory. */
   stop(): Promise<void>;
 }
@@ -148,9 +153,27 @@ export async function startRedisCluster(options: { readyTimeoutMs?: number } = {
     throw err;
   }
 
+  const addMaster = async (): Promise<number> => {
+    await launch();
+    const port = ports[ports.length - 1] as number;
+    await run('redis-cli', ['--cluster', 'add-node', `${HOST}:${port}`, `${HOST}:${ports[0] as number}`], 15_000);
+    const id = (await run('redis-cli', ['-h', HOST, '-p', String(port), 'CLUSTER', 'MYID'], 5_000)).trim();
+    const deadline = Date.now() + 10_000;
+    for (;;) {
+      const views = await Promise.all(
+        ports.map((p) => run('redis-cli', ['-h', HOST, '-p', String(p), 'CLUSTER', 'NODES'], 5_000)),
+      );
+      const states = await Promise.all(ports.map(clusterStateOk));
+      if (views.every((view) => view.includes(id)) && states.every(Boolean)) return port;
+      if (Date.now() > deadline) throw new Error(`the node on port ${port} did not become known to every node in time`);
+      await new Promise((r) => setTimeout(r, 100));
+    }
+  };
+
   return {
     nodes: ports.map((p) => `${HOST}:${p}`).join(','),
     ports,
+    addMaster,
     pids: children.filter((c) => c.exitCode === null && c.signalCode === null).map((c) => c.pid ?? -1),
     stop,
   };

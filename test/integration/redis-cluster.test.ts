@@ -1,5 +1,6 @@
 import { createHash } from 'node:crypto';
 import http from 'node:http';
+import { Writable } from 'node:stream';
 import calculateSlot from 'cluster-key-slot';
 import { Cluster, Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -13,9 +14,12 @@ import type { LimitRow } from '../../src/limits/limit-table.js';
 import { Limiter, RETRY_STORE_AFTER_MS } from '../../src/limits/limiter.js';
 import { MemoryCounterStore } from '../../src/limits/memory-store.js';
 import { StoreUnavailableError, type Counts } from '../../src/limits/store.js';
+import { createLogger } from '../../src/observability/logger.js';
 import { startSandboxBridge, type SandboxBridge } from '../../src/sandbox/bridge.js';
+import { warnOfEviction } from '../../src/wiring/backend.js';
 import { authHeader, startTestGateway, type TestGateway } from '../helpers/gateway.js';
 import { send } from '../helpers/http.js';
+import { sleep, waitFor } from '../helpers/faults.js';
 import { startRedisCluster, type RedisCluster } from '../helpers/redis-cluster.js';
 import { startRedisProxy, type RedisProxy } from '../helpers/redis-proxy.js';
 import { uniquePrefix } from '../helpers/redis.js';
@@ -649,5 +653,63 @@ describe('two gateway instances on a Redis Cluster (REDIS_CLUSTER_NODES)', () =>
     // 20 attempts in all, 10 on each instance: only a shared count blocks now.
     expect((await send(a.url, { path: '/orders' })).status).toBe(429);
     expect((await send(b.url, { path: '/orders', headers: { 'X-API-Key': spentKeys[5]! } })).status).toBe(429);
+  });
+});
+
+// Last in the file: it adds a fourth master to the file's cluster.
+describe('the eviction warning on a Redis Cluster', () => {
+  /** The index in cluster.ports of the master that serves `slot` now. */
+  async function ownerOf(slot: number): Promise<number> {
+    const node = new Redis({ host: '127.0.0.1', port: cluster.ports[0], maxRetriesPerRequest: 1 });
+    try {
+      const ranges = await node.cluster('SLOTS');
+      const range = ranges.find(([first, last]) => first <= slot && slot <= last);
+      return cluster.ports.indexOf(range?.[2]?.[1] ?? -1);
+    } finally {
+      node.disconnect();
+    }
+  }
+
+  it('names a node that becomes a master while the gateway runs (regression: only the masters of a connection’s start were looked at)', async () => {
+    const lines: Array<Record<string, unknown>> = [];
+    const logger = createLogger(
+      'warn',
+      new Writable({
+        write(chunk: Buffer, _encoding, done) {
+          lines.push(JSON.parse(chunk.toString('utf8')) as Record<string, unknown>);
+          done();
+        },
+      }),
+    );
+    const watched = createRedisClient({
+      clusterNodes: cluster.ports.map((port) => ({ host: '127.0.0.1', port })),
+      commandTimeoutMs: 1000,
+    });
+    watched.on('error', () => {});
+    warnOfEviction(watched, logger);
+    expect(await connectWithin(watched, 10_000)).toBe(true);
+    try {
+      const port = await cluster.addMaster();
+      const newcomer = new Redis({ host: '127.0.0.1', port, maxRetriesPerRequest: 1 });
+      await newcomer.config('SET', 'maxmemory-policy', 'allkeys-lru');
+      newcomer.disconnect();
+      const key = uniquePrefix('eviction-newcomer');
+      const slot = calculateSlot(key);
+      await moveSlot(slot, await ownerOf(slot), cluster.ports.indexOf(port));
+      // The client's next call there meets MOVED, and it reads the slot map again.
+      await watched.get(key);
+      await waitFor('the warning for the new master', () => lines.length > 0, 5000, 20);
+      await sleep(100);
+      expect(lines).toEqual([
+        expect.objectContaining({
+          level: 'warn',
+          node: `127.0.0.1:${port}`,
+          policy: 'allkeys-lru',
+          msg: 'redis may evict counters, and a key get its quota afresh: set maxmemory-policy noeviction',
+        }),
+      ]);
+    } finally {
+      await watched.quit().catch(() => watched.disconnect());
+    }
   });
 });
