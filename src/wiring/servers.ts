@@ -1,10 +1,10 @@
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import type { Duplex } from 'node:stream';
-import { getRequestListener } from '@hono/node-server';
+import { getRequestListener, RequestError } from '@hono/node-server';
 import type { Hono } from 'hono';
 import type { Settings } from '../config/settings.js';
-import { clientErrorAnswer, rawAnswer } from '../lib/answers.js';
+import { clientErrorAnswer, errorBody, JSON_TYPE, rawAnswer } from '../lib/answers.js';
 import type { Logger } from '../observability/logger.js';
 import type { GatewayMetrics } from '../observability/metrics.js';
 import type { Forwarder } from '../proxy/forwarder.js';
@@ -33,7 +33,17 @@ export async function startAdminServer(
   logger: Logger,
   closers: Closers,
 ): Promise<Listening> {
-  const server = http.createServer(getRequestListener(app.fetch));
+  const server = http.createServer(
+    getRequestListener(app.fetch, {
+      // A request Node parsed but node-server cannot turn into a URL (a bad Host, `OPTIONS *`, a
+      // backslash in the path) gets the two-field 400 of every admin refusal (docs/operations.md
+      // "The admin listener"), not node-server's empty one.
+      errorHandler: (err) =>
+        err instanceof RequestError
+          ? new Response(errorBody(400, 'Malformed request'), { status: 400, headers: { 'Content-Type': JSON_TYPE } })
+          : new Response(errorBody(500, 'Unexpected error'), { status: 500, headers: { 'Content-Type': JSON_TYPE } }),
+    }),
+  );
   // Malformed requests get the two-field answer of the public listener, not Node's empty one.
   server.on('clientError', function answerClientError(err: NodeJS.ErrnoException, socket: Duplex) {
     if (err.code === 'ECONNRESET' || !socket.writable) {

@@ -126,6 +126,24 @@ describe('malformed requests to the admin listener', () => {
       message: 'Request headers are too large',
     });
   });
+
+  it('that Node parses but that form no URL (bad Host, OPTIONS *, a backslash) get a two-field 400 (regression: an empty 400)', async () => {
+    const port = Number(new URL(gw.adminUrl).port);
+    const requests = [
+      'GET /healthz HTTP/1.1\r\nHost: a b\r\nConnection: close\r\n\r\n',
+      'OPTIONS * HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n',
+      'GET /admin\\keys HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n',
+    ];
+    for (const request of requests) {
+      const reply = await rawExchange(port, request);
+      expect(reply).toMatch(/^HTTP\/1\.1 400 Bad Request\r\n/);
+      expect(reply.toLowerCase()).toContain('content-type: application/json');
+      expect(JSON.parse(reply.slice(reply.indexOf('\r\n\r\n') + 4))).toEqual({
+        error: 'Bad Request',
+        message: 'Malformed request',
+      });
+    }
+  });
 });
 
 describe('GET /admin/limits', () => {
