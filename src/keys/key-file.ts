@@ -1,7 +1,7 @@
 import * as v from 'valibot';
 import { readConfigFile } from '../lib/config-file.js';
 import { YamlSource, type SourceError } from '../lib/yaml-source.js';
-import { closed, got, issuesOf, sourceErrors, valid, type Issue } from '../lib/yaml-schema.js';
+import { closed, describe, got, issuesOf, sourceErrors, valid, type Issue } from '../lib/yaml-schema.js';
 
 /**
  * `config/api-keys.yaml`: statically issued keys, stored as the SHA-256 hex of the key
@@ -24,6 +24,21 @@ export type KeyFileLoad =
 export const KEY_ID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
 const SHA256_HEX = /^[0-9a-fA-F]{64}$/;
 
+/**
+ * Like `got`, but a string is described by its length only (and a number as such): a malformed sha256 is most likely the key
+ * itself, pasted in place of its hash, and a key is never logged (README "API keys and plans").
+ */
+const notQuoted =
+  (what: string) =>
+  (issue: { readonly input: unknown }): string =>
+    `${what}, got ${
+      typeof issue.input === 'string'
+        ? `${issue.input.length} characters`
+        : typeof issue.input === 'number'
+          ? 'a number'
+          : describe(issue.input)
+    }`;
+
 const keyFile = (plans: ReadonlySet<string>) => {
   const entry = closed(
     {
@@ -31,7 +46,9 @@ const keyFile = (plans: ReadonlySet<string>) => {
       sha256: valid(
         v.string,
         (hash) => SHA256_HEX.test(hash),
-        got('sha256 must be 64 hex digits ("npx oapi-gateway keys hash -" prints it from the key on standard input)'),
+        notQuoted(
+          'sha256 must be 64 hex digits ("npx oapi-gateway keys hash -" prints it from the key on standard input)',
+        ),
       ),
       plan: v.nullish(
         v.pipe(

@@ -189,7 +189,7 @@ describe('npx oapi-gateway', () => {
     expect((error as { stderr: string }).stderr).toBe(
       `${keys}:4:11: row 1 (acme): unknown plan "gold" (plans of limits.yaml: premium, market-maker)\n` +
         `${keys}:5:9: row 2 (acme): id "acme" is already used by entry 1\n` +
-        `${keys}:6:13: row 2 (acme): sha256 must be 64 hex digits ("npx oapi-gateway keys hash -" prints it from the key on standard input), got "xyz"\n` +
+        `${keys}:6:13: row 2 (acme): sha256 must be 64 hex digits ("npx oapi-gateway keys hash -" prints it from the key on standard input), got 3 characters\n` +
         `${keys}: 3 errors; not valid\n`,
     );
   });

@@ -269,6 +269,28 @@ describe('registered keys, shared by two instances', () => {
   });
 });
 
+describe('a key pasted into the key file in place of its hash', () => {
+  it('is refused without the key reaching the log (regression: the refusal quoted the value, the key itself)', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'oapi-keys-pasted-'));
+    const file = join(dir, 'api-keys.yaml');
+    writeFileSync(file, keyFile());
+    const gw = await startTestGateway({ limits: LIMITS, env: { API_KEY_MODE: 'registered', API_KEYS_FILE: file } });
+    try {
+      const pasted = 'oapi_' + 'Zq3'.repeat(14) + 'x';
+      writeFileSync(file, keyFile(`  - id: pasted\n    sha256: ${pasted}\n`));
+      const deadline = Date.now() + 5000;
+      while (!gw.logs.some((l) => l.msg === 'key file refused; the keys in force stay') && Date.now() < deadline)
+        await new Promise((r) => setTimeout(r, 50));
+      const refusal = gw.logs.find((l) => l.msg === 'key file refused; the keys in force stay');
+      expect(JSON.stringify(refusal)).toContain('sha256 must be 64 hex digits');
+      expect(gw.logText()).not.toContain(pasted);
+    } finally {
+      await gw.stop();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
+
 describe('the default key file', () => {
   it('is picked up when it is written after start, and its keys go when it is removed (regression: a file missing at start was never watched)', async () => {
     const gw = await startTestGateway({ limits: LIMITS, env: { API_KEY_MODE: 'registered' } });
