@@ -49,7 +49,13 @@ export function keysApp(deps: AdminDeps): Hono {
   // Usage by id: support knows a client's key id, never the key itself (it is shown once).
   app.use('/:id/usage', withTable(tables), async (c, next) => {
     const id = c.req.param('id') ?? '';
-    const record = registry.byId(id);
+    let record = registry.byId(id);
+    // Until the issued keys were read once, an id unknown here may be an issued key's: not a 404 (as for the listing).
+    if (!record && !registry.loaded) {
+      await registry.refresh().catch(() => undefined);
+      if (!registry.loaded) return refusal(c, 503, 'Key store unavailable');
+      record = registry.byId(id);
+    }
     if (!record) return refusal(c, 404, `No key with id "${id}"`);
     c.set('keyHash', record.sha256);
     await next();

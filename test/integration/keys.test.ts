@@ -834,6 +834,16 @@ describe('a gateway started while Redis is down (API_KEY_MODE=registered)', () =
       const listing = await send(gw.adminUrl, { path: '/admin/keys', headers: authHeader() });
       expect(listing.status).toBe(503);
       expect(expectTwoFields(listing)).toEqual({ error: 'Service Unavailable', message: 'Key store unavailable' });
+      // Nor does it say an issued key's id is no key's (regression: 404 "No key with id").
+      for (const method of ['GET', 'DELETE']) {
+        const usage = await send(gw.adminUrl, {
+          method,
+          path: '/admin/keys/issued-before/usage',
+          headers: authHeader(),
+        });
+        expect(usage.status).toBe(503);
+        expect(expectTwoFields(usage)).toEqual({ error: 'Service Unavailable', message: 'Key store unavailable' });
+      }
       // Far more attempts than the guard allows: none is a guess.
       for (const apiKey of [key, key, key, key, 'made-up-key', 'made-up-key']) {
         const reply = await call(gw, apiKey);
