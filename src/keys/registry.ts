@@ -70,6 +70,7 @@ export class KeyRegistry {
   #version: string | undefined;
   #poller: NodeJS.Timeout | undefined;
   #refreshing: Promise<void> | undefined;
+  #refreshAgain: Promise<void> | undefined;
   readonly #resolving = new Map<string, Promise<Resolved>>();
   /** The issued keys were read from the store at least once (until then an unknown key may be one of them). */
   #loaded = false;
@@ -161,9 +162,22 @@ export class KeyRegistry {
     this.#fileKeys = new Map(keys.map((k) => [k.sha256, k]));
   }
 
-  /** Reloads the admin-issued keys (coalesced: concurrent calls share one reload). */
+  /**
+   * Reloads the admin-issued keys. Calls while a reload is out share one more reload after it: the
+   * one out may have read the keys before the change that asked for this call (a revocation would
+   * then wait for the version check, README "API keys and plans").
+   */
   refresh(): Promise<void> {
-    this.#refreshing ??= (async () => {
+    if (this.#refreshing) {
+      this.#refreshAgain ??= this.#refreshing
+        .catch(() => {})
+        .then(() => {
+          this.#refreshAgain = undefined;
+          return this.refresh();
+        });
+      return this.#refreshAgain;
+    }
+    this.#refreshing = (async () => {
       try {
         const version = await this.#store.version();
         const keys = await this.#store.all();

@@ -22,4 +22,32 @@ describe('the key registry', () => {
     expect(await registry.revoke('acme')).toBe('in-key-file');
     expect(await registry.revoke('nobody')).toBe('not-found');
   });
+
+  it('reloads once more for a change made while a reload was out (regression: the change waited for the version check)', async () => {
+    const store = new MemoryIssuedKeyStore();
+    await store.add(issuedKey);
+    const registry = new KeyRegistry(store);
+    await registry.refresh();
+    // The next reload reads the keys before the revocation, and answers after it.
+    const all = store.all.bind(store);
+    let release: () => void = () => {};
+    const held = new Promise<void>((resolve) => (release = resolve));
+    let reads = 0;
+    store.all = async () => {
+      reads++;
+      const keys = await all();
+      if (reads === 1) await held;
+      return keys;
+    };
+    const first = registry.refresh();
+    await new Promise((r) => setTimeout(r, 0));
+    expect(await store.remove(issuedKey.id)).toBe(true);
+    const second = registry.refresh();
+    release();
+    await first;
+    expect(registry.lookup(issuedKey.sha256)).toEqual(issuedKey); // the first reload's stale read
+    await second;
+    expect(registry.lookup(issuedKey.sha256)).toBeUndefined();
+    expect(reads).toBe(2);
+  });
 });
