@@ -18,6 +18,8 @@ import type { Cluster, Redis } from 'ioredis';
 
 export class InvalidKeyGuard {
   readonly #limiter: RateLimiterAbstract;
+  /** The limiter's in-memory insurance when it counts in Redis (it counts while Redis is away). */
+  readonly #insurance: RateLimiterAbstract | undefined;
   readonly #blocked: LRUCache<string, number>;
   readonly #now: () => number;
   readonly #maxBlockMs: number;
@@ -42,6 +44,7 @@ export class InvalidKeyGuard {
           rejectIfRedisNotReady: true,
         })
       : memory;
+    this.#insurance = options.client ? memory : undefined;
     this.#now = options.now ?? Date.now;
     this.#blocked = boundedCache(100_000);
     this.#maxBlockMs = options.windowSeconds * 1000;
@@ -82,6 +85,8 @@ export class InvalidKeyGuard {
     const wasBlocked = this.blockedFor(address) > 0;
     this.#blocked.delete(address);
     await this.#limiter.delete(address).catch(() => false);
+    // Else the attempts counted while Redis was away would block the address again at its next one.
+    await this.#insurance?.delete(address).catch(() => false);
     return wasBlocked;
   }
 

@@ -13,7 +13,16 @@ import {
 } from '../helpers/gateway.js';
 import { waitFor } from '../helpers/faults.js';
 import { expectTwoFields, send } from '../helpers/http.js';
-import { redisClient, startRedisServer, startRedisWithUser, type RedisProcess } from '../helpers/redis.js';
+import {
+  connectedClient,
+  redisClient,
+  startRedisServer,
+  startRedisWithUser,
+  uniquePrefix,
+  type RedisProcess,
+} from '../helpers/redis.js';
+import { startRedisProxy } from '../helpers/redis-proxy.js';
+import { InvalidKeyGuard } from '../../src/keys/guard.js';
 
 /** API keys and plans (README "API keys and plans") over real sockets. */
 
@@ -877,6 +886,32 @@ describe('a gateway started while Redis is down (API_KEY_MODE=registered)', () =
       await gw.stop();
       await redis.stop();
       rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
+
+describe('the invalid-key guard counting in Redis', () => {
+  it('forgets on unblock the attempts its insurance counted while Redis was away (regression: the next attempt in another outage blocked the address again at once)', async () => {
+    const redis = await startRedisServer();
+    const proxy = await startRedisProxy(redis.port);
+    const client = await connectedClient(proxy.url, 200);
+    client.on('error', () => {});
+    try {
+      const guard = new InvalidKeyGuard({ client, prefix: uniquePrefix('guard'), attempts: 2, windowSeconds: 60 });
+      proxy.away = true;
+      await waitFor('the client to see Redis away', () => client.status !== 'ready', 2000, 10);
+      for (let i = 0; i < 2; i++) expect(await guard.failed('10.0.0.9')).toBe(0);
+      expect(await guard.failed('10.0.0.9')).toBeGreaterThan(0);
+      proxy.away = false;
+      await waitFor('the client back', () => client.status === 'ready', 5000, 10);
+      expect(await guard.unblock('10.0.0.9')).toBe(true);
+      proxy.away = true;
+      await waitFor('the client to see Redis away again', () => client.status !== 'ready', 2000, 10);
+      expect(await guard.failed('10.0.0.9')).toBe(0);
+    } finally {
+      client.disconnect();
+      await proxy.close();
+      await redis.stop();
     }
   });
 });
