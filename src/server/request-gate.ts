@@ -53,9 +53,34 @@ function upgradeRefusal(req: IncomingMessage): GateRefusal | undefined {
   if (req.headers['transfer-encoding'] !== undefined || (req.headers['content-length'] ?? '0') !== '0')
     return { status: 400, reason: 'bad-request', message: 'An upgrade request carries no body' };
   // The chain reads an upgrade's target as a URL of its Host (server/upgrade.ts).
-  if (!URL.canParse(`http://${req.headers.host ?? 'gateway'}${req.url ?? '/'}`))
+  if (!formsUrl(req.headers.host ?? 'gateway', req.url ?? '/'))
     return { status: 400, reason: 'bad-request', message: 'Malformed request' };
   return undefined;
+}
+
+/** A Host @hono/node-server takes as it is, without parsing a URL (its own shortcut). */
+const PLAIN_HOST = /^[a-z0-9._-]+(?::(?:[1-5]\d{3,4}|[6-9]\d{3}))?$/;
+
+/**
+ * Whether an upgrade's Host and target form the URL the chain reads, by the rule the HTTP path's
+ * requests meet in @hono/node-server (400 otherwise, docs/operations.md "Hostile clients"): no user
+ * info (a Request refuses a URL with credentials), and for an origin-form target a Host that is the
+ * URL's authority — not `foo/bar` or `host\x`, whose URL has another host and another path.
+ * (An absolute-form target names its own authority, RFC 9112 §3.2.2.)
+ */
+function formsUrl(host: string, target: string): boolean {
+  let url: URL;
+  try {
+    url = new URL(`http://${host}${target}`);
+  } catch {
+    return false;
+  }
+  if (url.username !== '' || url.password !== '') return false;
+  if (!target.startsWith('/') || PLAIN_HOST.test(host)) return true;
+  return (
+    url.hostname.length === host.length ||
+    url.hostname === (host.includes(':') ? host.replace(/:\d+$/, '') : host).toLowerCase()
+  );
 }
 
 function isHost(name: string): boolean {

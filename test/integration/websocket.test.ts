@@ -515,10 +515,10 @@ function linesOf(raw: readonly string[], name: string): string[] {
 }
 
 /** The bytes of a WebSocket upgrade request for `target`, with further header lines. */
-function upgradeRequest(target: string, lines: readonly string[]): string {
+function upgradeRequest(target: string, lines: readonly string[], host = '127.0.0.1'): string {
   return [
     `GET ${target} HTTP/1.1`,
-    'Host: 127.0.0.1',
+    `Host: ${host}`,
     'Upgrade: websocket',
     'Connection: Upgrade',
     `Sec-WebSocket-Key: ${randomBytes(16).toString('base64')}`,
@@ -545,6 +545,41 @@ function handWrittenUpgrade(gw: TestGateway, target: string, lines: readonly str
   socket.write(upgradeRequest(target, lines));
   return withTimeout(head, 5000, `the answer to ${target}`).finally(() => socket.destroy());
 }
+
+/** Everything the gateway answers on a connection that sends `bytes`, until it closes it (bounded). */
+function wholeAnswer(gw: TestGateway, bytes: string): Promise<string> {
+  const socket = net.connect({ port: gw.port, host: '127.0.0.1' });
+  socket.on('error', () => {});
+  let received = '';
+  socket.on('data', (chunk: Buffer) => (received += chunk.toString('latin1')));
+  const closed = new Promise<string>((resolve) => socket.once('close', () => resolve(received)));
+  socket.write(bytes);
+  return withTimeout(closed, 5000, 'the gateway to answer and close').finally(() => socket.destroy());
+}
+
+describe('regression: an upgrade whose Host is no URL authority got no answer at all, or was forwarded where the HTTP path refuses it', () => {
+  // docs/operations.md "Hostile clients": a Host and target that do not form a URL get a two-field
+  // 400 with an X-Request-Id, are not counted and never forwarded, as an HTTP request with that Host is.
+  const hosts = ['a@127.0.0.1', 'user:secret@127.0.0.1', 'foo/bar', '127.0.0.1\\x'];
+  for (const host of hosts) {
+    it(`(Host: ${host}) gets the 400 the HTTP path gives, nothing counted or forwarded`, async () => {
+      const key = newKey('host');
+      const sidesBefore = bridge.sides.length;
+      const http = await wholeAnswer(gw, `GET /orders HTTP/1.1\r\nHost: ${host}\r\nX-API-Key: ${key}\r\n\r\n`);
+      expect(http).toMatch(/^HTTP\/1\.1 400 /);
+
+      const answer = await wholeAnswer(gw, upgradeRequest('/ws/orders', [`X-API-Key: ${key}`], host));
+      expect(answer).toMatch(/^HTTP\/1\.1 400 /);
+      const [head, body] = answer.split('\r\n\r\n') as [string, string];
+      expect(head).toMatch(/\r\ncontent-type: application\/json/i);
+      expect(head).toMatch(/\r\nx-request-id: \S+/i);
+      expect(JSON.parse(body)).toEqual({ error: 'Bad Request', message: 'Malformed request' });
+      await sleep(100);
+      expect(bridge.sides.length).toBe(sidesBefore);
+      expect((await usageOf(gw, key)).hour.used).toBe(0);
+    });
+  }
+});
 
 describe('the upgrade request the bridge receives', () => {
   it('carries every line of a repeated field, as a forwarded HTTP request does (regression: only the last one reached the bridge)', async () => {
