@@ -203,6 +203,7 @@ export class WebSocketProxy {
                 if (name.startsWith('access-control-')) delete res.headers[name];
             }
             for (const [name, value] of upgrade.request.answerHeaders) res.headers[name.toLowerCase()] = value;
+            writeNextAsLatin1(upgrade.request.socket);
             upgrade.state = 'open';
             clearTimeout(upgrade.timer);
             // Watching the sockets must wait for http-proxy's pipes ('open'): a reader attached
@@ -255,6 +256,22 @@ export class WebSocketProxy {
     if (socket.writable) endAndLinger(socket, rawAnswer(status, message, upgrade.request.answerHeaders));
     else socket.destroy();
   }
+}
+
+/**
+ * http-proxy writes the 101 head as a string (ws-incoming.js), which a socket encodes as UTF-8; the
+ * parser hands the bridge's field values over as latin1, so a byte above 0x7f would reach the client
+ * as two. The socket's next write, that head, is made latin1: the fields go byte for byte, as the
+ * HTTP path passes them (README "Forwarding").
+ */
+function writeNextAsLatin1(socket: Duplex): void {
+  const write = socket.write.bind(socket) as (chunk: unknown, encoding?: BufferEncoding) => boolean;
+  // An own property over the prototype's write, for one call; deleting it gives the socket its write back.
+  const own = socket as unknown as { write?: (chunk: unknown) => boolean };
+  own.write = (chunk) => {
+    delete own.write;
+    return typeof chunk === 'string' ? write(chunk, 'latin1') : write(chunk);
+  };
 }
 
 /**

@@ -1131,6 +1131,25 @@ describe('regression: an upgrade in its handshake at shutdown opened after it an
   });
 });
 
+describe("regression: a bridge's 101 reached the client with its non-ASCII field values re-encoded", () => {
+  it('passes the bytes of its fields unchanged, as the HTTP path passes a bridge\'s fields (README "Forwarding")', async () => {
+    // A Vietnamese note in UTF-8 (startRawBridge writes the fields as UTF-8 bytes).
+    const note = 'Đã kết nối';
+    const raw = await startRawBridge({ handshakeFields: `X-Bridge-Note: ${note}\r\n` });
+    const behind = await startTestGateway({ limits: LIMITS, env: { ...FAST_ENV, EQT_BRIDGE_URL: raw.url } });
+    try {
+      const head = await handWrittenUpgrade(behind, '/ws/orders', [`X-API-Key: ${newKey('bytes')}`]);
+      expect(head).toMatch(/^HTTP\/1\.1 101 /);
+      // The head as latin1: each byte one character. The bridge's bytes, not each of them UTF-8-encoded anew.
+      const value = /\r\nx-bridge-note: ([^\r]*)/i.exec(head)?.[1];
+      expect(value).toBe(Buffer.from(note, 'utf8').toString('latin1'));
+    } finally {
+      await behind.stop();
+      await raw.close();
+    }
+  });
+});
+
 /**
  * A bridge that refuses every upgrade with `answer` (the bytes of a whole HTTP answer) and keeps its
  * connection open, as a keep-alive server does; with `thenClose`, closes it (a FIN) right after.
