@@ -1,4 +1,4 @@
-import type { ClientRequest, IncomingMessage, ServerResponse } from 'node:http';
+import { STATUS_CODES, type ClientRequest, type IncomingMessage, type ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import { Transform, type Duplex } from 'node:stream';
 import type * as HttpProxyMiddleware from 'http-proxy-middleware';
@@ -303,7 +303,10 @@ function passRefusal(
     status >= 200 &&
     status !== 204 &&
     status !== 304;
-  let head = `HTTP/1.1 ${status} ${res.statusMessage ?? ''}\r\n`;
+  // A reason phrase with a control character gets Node's phrase for the status, as on the HTTP path
+  // (docs/operations.md "Bridges"; clients ignore the phrase, RFC 9112 §4).
+  const phrase = res.statusMessage ?? '';
+  let head = `HTTP/1.1 ${status} ${NOT_WRITABLE.test(phrase) ? (STATUS_CODES[status] ?? '') : phrase}\r\n`;
   for (let i = 0; i < fields.length; i += 2) head += `${fields[i]}: ${fields[i + 1]}\r\n`;
   head += chunked ? 'Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n' : 'Connection: close\r\n\r\n';
   // (The parser hands header values over as latin1: written back byte for byte.)
@@ -344,6 +347,9 @@ function chunkEncoder(): Transform {
     },
   });
 }
+
+/** What Node refuses in a status line's reason phrase (its check of header values), as proxy/forwarder.ts. */
+const NOT_WRITABLE = /[^\t\x20-\x7e\x80-\xff]/;
 
 const CRLF = Buffer.from('\r\n');
 const LAST_CHUNK = Buffer.from('0\r\n\r\n');

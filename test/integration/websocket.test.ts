@@ -1264,6 +1264,22 @@ describe('a bridge that refuses the upgrade', () => {
   });
 });
 
+describe("regression: a bridge's refusal whose reason phrase holds a control character passed it to the client", () => {
+  it('reaches the client with Node\'s phrase for its status, as on the HTTP path (docs/operations.md "Bridges")', async () => {
+    const refusing = await startRefusingBridge('HTTP/1.1 403 For\x01bidden\r\nContent-Length: 2\r\n\r\nno');
+    const behind = await startTestGateway({ limits: SMALL_LIMITS, env: { ...FAST_ENV, EQT_BRIDGE_URL: refusing.url } });
+    try {
+      const answer = await refused(wsUrl(behind, '/ws/orders'), { 'X-API-Key': newKey('phrase') });
+      expect(answer.status).toBe(403);
+      expect(answer.statusText).toBe('Forbidden');
+      expect(answer.body).toBe('no');
+    } finally {
+      await behind.stop();
+      await refusing.close();
+    }
+  });
+});
+
 describe('regression: a chunked bridge refusal cut short reached the client as a whole body', () => {
   it('is cut for the client too (docs/operations.md "Bridges": a cut answer, never a wrong one)', async () => {
     // The first chunk, then the bridge closes without the last chunk.
