@@ -68,6 +68,17 @@ export function statusPhrase(status: number): string {
 }
 
 /**
+ * Whether Node writes `phrase` as a status line's reason phrase (its check of header values): a
+ * bridge's phrase with a control character is replaced by Node's own for the status, as clients
+ * ignore the phrase (RFC 9112 §4; docs/operations.md "Bridges").
+ */
+export function writablePhrase(phrase: string): boolean {
+  return !NOT_WRITABLE.test(phrase);
+}
+
+const NOT_WRITABLE = /[^\t\x20-\x7e\x80-\xff]/;
+
+/**
  * The `error` field of an answer: the status line's reason phrase, but for a refusal for a limit,
  * whose body is the specification's own (README "Headers and answers").
  */

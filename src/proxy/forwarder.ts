@@ -6,7 +6,7 @@ import Client from 'undici/lib/dispatcher/client.js';
 import Pool from 'undici/lib/dispatcher/pool.js';
 import { BRIDGES, type BridgeName } from '../config/settings.js';
 import type { HeaderList } from '../lib/header-list.js';
-import { CLIENT_GONE, writeAnswer, type Reason } from '../lib/answers.js';
+import { CLIENT_GONE, writablePhrase, writeAnswer, type Reason } from '../lib/answers.js';
 import { CLIENT_FAILED, clientFailure } from '../lib/client-failure.js';
 import {
   START,
@@ -443,7 +443,7 @@ class HttpExchange {
     headers.push('X-Request-Id', requestId);
     // A reason phrase Node will not write (a control character: undici passes one on) would throw
     // here and cut the answer: Node's own phrase for the status then (clients ignore it, RFC 9112 §4).
-    outgoing.writeHead(statusCode, NOT_WRITABLE.test(statusText) ? undefined : statusText, headers);
+    outgoing.writeHead(statusCode, writablePhrase(statusText) ? statusText : undefined, headers);
     return true;
   }
 
@@ -542,9 +542,6 @@ class HttpExchange {
 }
 
 /** undici's raw header names and values (latin1, as on the wire). */
-/** What Node refuses in a status line's reason phrase (its check of header values). */
-const NOT_WRITABLE = /[^\t\x20-\x7e\x80-\xff]/;
-
 function latin1(raw: readonly Buffer[]): string[] {
   const out = new Array<string>(raw.length);
   for (let i = 0; i < raw.length; i++) out[i] = (raw[i] as Buffer).toString('latin1');

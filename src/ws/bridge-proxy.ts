@@ -6,7 +6,7 @@ import type { RequestHandler } from 'http-proxy-middleware';
 import { BRIDGES, type BridgeName } from '../config/settings.js';
 import type { HeaderList } from '../lib/header-list.js';
 import { requestHeaderList, responseHeaderList } from '../proxy/headers.js';
-import { CLIENT_GONE, rawAnswer, type Reason } from '../lib/answers.js';
+import { CLIENT_GONE, rawAnswer, writablePhrase, type Reason } from '../lib/answers.js';
 import { endAndLinger } from '../lib/linger.js';
 
 /**
@@ -303,10 +303,8 @@ function passRefusal(
     status >= 200 &&
     status !== 204 &&
     status !== 304;
-  // A reason phrase with a control character gets Node's phrase for the status, as on the HTTP path
-  // (docs/operations.md "Bridges"; clients ignore the phrase, RFC 9112 §4).
   const phrase = res.statusMessage ?? '';
-  let head = `HTTP/1.1 ${status} ${NOT_WRITABLE.test(phrase) ? (STATUS_CODES[status] ?? '') : phrase}\r\n`;
+  let head = `HTTP/1.1 ${status} ${writablePhrase(phrase) ? phrase : (STATUS_CODES[status] ?? '')}\r\n`;
   for (let i = 0; i < fields.length; i += 2) head += `${fields[i]}: ${fields[i + 1]}\r\n`;
   head += chunked ? 'Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n' : 'Connection: close\r\n\r\n';
   // (The parser hands header values over as latin1: written back byte for byte.)
@@ -347,9 +345,6 @@ function chunkEncoder(): Transform {
     },
   });
 }
-
-/** What Node refuses in a status line's reason phrase (its check of header values), as proxy/forwarder.ts. */
-const NOT_WRITABLE = /[^\t\x20-\x7e\x80-\xff]/;
 
 const CRLF = Buffer.from('\r\n');
 const LAST_CHUNK = Buffer.from('0\r\n\r\n');
