@@ -196,13 +196,8 @@ export class WebSocketProxy {
           // Exactly the path that was counted: http-proxy's own join rewrites "http:/" inside a path.
           bridgeRequest.path = basePath + upgrade.request.target;
           bridgeRequest.once('upgrade', (res: IncomingMessage, bridgeSocket: Socket) => {
-            // http-proxy writes the 101 from res.headers right after this listener. With CORS on, the
-            // gateway alone says which origins may read an answer (README "CORS"), as on the HTTP path.
-            if (upgrade.request.ownsCors) {
-              for (const name of Object.keys(res.headers))
-                if (name.startsWith('access-control-')) delete res.headers[name];
-            }
-            for (const [name, value] of upgrade.request.answerHeaders) res.headers[name.toLowerCase()] = value;
+            // http-proxy writes the 101 from res.headers right after this listener.
+            res.headers = switchingFields(res, upgrade.request.answerHeaders, upgrade.request.ownsCors === true);
             writeNextAsLatin1(upgrade.request.socket);
             upgrade.state = 'open';
             clearTimeout(upgrade.timer);
@@ -256,6 +251,23 @@ export class WebSocketProxy {
     if (socket.writable) endAndLinger(socket, rawAnswer(status, message, upgrade.request.answerHeaders));
     else socket.destroy();
   }
+}
+
+/**
+ * The fields of the 101 the client gets, by the rule of every answer the gateway passes on
+ * (responseHeaderList: the bridge's fields with their names and repeats, hop-by-hop ones and those
+ * its Connection names dropped, the gateway's own added; with CORS on, the gateway alone says which
+ * origins may read it, README "CORS"), and the two that make it an upgrade on this hop (RFC 9110
+ * §7.8). http-proxy writes one line per key, and per value of an array; no prototype, so that no
+ * field name of the bridge's is a property of every object.
+ */
+function switchingFields(res: IncomingMessage, own: HeaderList, ownsCors: boolean): IncomingMessage['headers'] {
+  const fields = Object.create(null) as Record<string, string[]>;
+  fields.Upgrade = [res.headers.upgrade ?? 'websocket'];
+  fields.Connection = ['Upgrade'];
+  const list = responseHeaderList(res.rawHeaders, own, ownsCors);
+  for (let i = 0; i < list.length; i += 2) (fields[list[i] as string] ??= []).push(list[i + 1] as string);
+  return fields;
 }
 
 /**

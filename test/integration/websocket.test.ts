@@ -1150,6 +1150,36 @@ describe("regression: a bridge's 101 reached the client with its non-ASCII field
   });
 });
 
+describe("regression: a bridge's 101 reached the client by http-proxy's rule, not the gateway's", () => {
+  it('keeps repeated fields and names, drops hop-by-hop ones and the bridge\'s own usage headers, as the HTTP path does (README "Forwarding")', async () => {
+    const raw = await startRawBridge({
+      handshakeFields:
+        'X-Bridge-Tag: a\r\nContent-Language: vi\r\nX-Bridge-Tag: b\r\nContent-Language: en\r\n' +
+        'Keep-Alive: timeout=5\r\nConnection: X-Hop\r\nX-Hop: 1\r\nX-RateLimit-Limit-Hour: 999999\r\n',
+    });
+    const behind = await startTestGateway({ limits: LIMITS, env: { ...FAST_ENV, EQT_BRIDGE_URL: raw.url } });
+    try {
+      const head = await handWrittenUpgrade(behind, '/ws/orders', [`X-API-Key: ${newKey('fields')}`]);
+      const lines = head.split('\r\n');
+      expect(lines[0]).toMatch(/^HTTP\/1\.1 101 /);
+      expect(lines.filter((l) => /^x-bridge-tag:/i.test(l))).toEqual(['X-Bridge-Tag: a', 'X-Bridge-Tag: b']);
+      expect(lines.filter((l) => /^content-language:/i.test(l))).toEqual([
+        'Content-Language: vi',
+        'Content-Language: en',
+      ]);
+      expect(lines.filter((l) => /^(keep-alive|x-hop):/i.test(l))).toEqual([]);
+      expect(lines.filter((l) => /^x-ratelimit-limit-hour:/i.test(l))).toEqual(['X-RateLimit-Limit-Hour: 500']);
+      expect(lines.filter((l) => /^(upgrade|connection):/i.test(l))).toEqual([
+        'Upgrade: websocket',
+        'Connection: Upgrade',
+      ]);
+    } finally {
+      await behind.stop();
+      await raw.close();
+    }
+  });
+});
+
 /**
  * A bridge that refuses every upgrade with `answer` (the bytes of a whole HTTP answer) and keeps its
  * connection open, as a keep-alive server does; with `thenClose`, closes it (a FIN) right after.
