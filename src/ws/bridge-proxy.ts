@@ -58,13 +58,14 @@ interface Upgrade {
  * A flat header list as the object http-proxy passes to `http.request`, every line kept: a
  * repeated field becomes an array, which Node sends one line per value (several `Cookie` lines
  * as one, joined with "; ", as RFC 6265 §5.4 asks), as the HTTP path keeps repeated fields
- * (README "Forwarding").
+ * (README "Forwarding"). Names lower-cased, as Node's own objects have them, or with `keepCase` as
+ * they are (the 101 http-proxy writes from one).
  */
-export function headerObject(list: readonly string[]): Record<string, string | string[]> {
+export function headerObject(list: readonly string[], keepCase = false): Record<string, string | string[]> {
   // No prototype: a field may be named `constructor` or `__proto__`.
   const object = Object.create(null) as Record<string, string | string[]>;
   for (let i = 0; i < list.length; i += 2) {
-    const name = (list[i] as string).toLowerCase();
+    const name = keepCase ? (list[i] as string) : (list[i] as string).toLowerCase();
     const value = list[i + 1] as string;
     const earlier = object[name];
     if (earlier === undefined) object[name] = value;
@@ -206,7 +207,7 @@ export class WebSocketProxy {
             this.#joining.set(bridgeSocket, upgrade);
             upgrade.request.onDone(101);
           });
-          const onRefusal = (res: IncomingMessage): void => this.#refused(upgrade, res);
+          const onRefusal = (res: IncomingMessage): void => this.#refused(upgrade, res, bridge);
           bridgeRequest.once('response', onRefusal);
           // http-proxy adds a 'response' listener of its own right after this event (ws-incoming.js),
           // which writes the bridge's refusal as it is: `Transfer-Encoding: chunked` over a body it has
@@ -225,9 +226,17 @@ export class WebSocketProxy {
   }
 
   /** The bridge answered the upgrade without a 101: its answer goes to the client, and no WebSocket opens. */
-  #refused(upgrade: Upgrade, res: IncomingMessage): void {
+  #refused(upgrade: Upgrade, res: IncomingMessage, bridge: BridgeName): void {
     if (upgrade.state !== 'waiting') {
       res.destroy();
+      return;
+    }
+    if (res.statusCode === 101) {
+      // A 101 without `Upgrade` and `Connection: upgrade` (RFC 9110 §15.2.2) opens nothing: passed
+      // on, it would tell the client a WebSocket had opened. It is a broken answer, as on the HTTP path.
+      res.destroy();
+      this.#onError(new Error('the bridge answered 101 without switching protocols'), { bridge, phase: 'upgrade' });
+      this.#failed(upgrade, 502, 'bridge-unreachable', 'Bridge unreachable');
       return;
     }
     upgrade.state = 'answered';
@@ -258,16 +267,11 @@ export class WebSocketProxy {
  * (responseHeaderList: the bridge's fields with their names and repeats, hop-by-hop ones and those
  * its Connection names dropped, the gateway's own added; with CORS on, the gateway alone says which
  * origins may read it, README "CORS"), and the two that make it an upgrade on this hop (RFC 9110
- * §7.8). http-proxy writes one line per key, and per value of an array; no prototype, so that no
- * field name of the bridge's is a property of every object.
+ * §7.8). http-proxy writes one line per key, and per value of an array.
  */
 function switchingFields(res: IncomingMessage, own: HeaderList, ownsCors: boolean): IncomingMessage['headers'] {
-  const fields = Object.create(null) as Record<string, string[]>;
-  fields.Upgrade = [res.headers.upgrade ?? 'websocket'];
-  fields.Connection = ['Upgrade'];
-  const list = responseHeaderList(res.rawHeaders, own, ownsCors);
-  for (let i = 0; i < list.length; i += 2) (fields[list[i] as string] ??= []).push(list[i + 1] as string);
-  return fields;
+  const upgrade = ['Upgrade', res.headers.upgrade ?? 'websocket', 'Connection', 'Upgrade'];
+  return headerObject([...upgrade, ...responseHeaderList(res.rawHeaders, own, ownsCors)], true);
 }
 
 /**

@@ -1310,6 +1310,23 @@ describe("regression: a bridge's refusal whose reason phrase holds a control cha
   });
 });
 
+describe('regression: a bridge answering 101 without switching protocols had it passed to the client', () => {
+  it('gets the client a 502, and is logged as a bridge error (README "WebSockets": 502 when the bridge cannot be reached)', async () => {
+    const refusing = await startRefusingBridge('HTTP/1.1 101 Switching Protocols\r\nContent-Length: 0\r\n\r\n');
+    const behind = await startTestGateway({ limits: SMALL_LIMITS, env: { ...FAST_ENV, EQT_BRIDGE_URL: refusing.url } });
+    try {
+      const answer = await refused(wsUrl(behind, '/ws/orders'), { 'X-API-Key': newKey('no-switch') });
+      expect(answer.status).toBe(502);
+      expect(JSON.parse(answer.body)).toEqual({ error: 'Bad Gateway', message: 'Bridge unreachable' });
+      await waitFor(() => behind.logs.some((l) => l.msg === 'bridge error'), 2000, 'the bridge error logged');
+      expect(behind.logs.find((l) => l.msg === 'bridge error')).toMatchObject({ bridge: 'eqt', phase: 'upgrade' });
+    } finally {
+      await behind.stop();
+      await refusing.close();
+    }
+  });
+});
+
 describe('regression: a chunked bridge refusal cut short reached the client as a whole body', () => {
   it('is cut for the client too (docs/operations.md "Bridges": a cut answer, never a wrong one)', async () => {
     // The first chunk, then the bridge closes without the last chunk.
