@@ -66,15 +66,18 @@ export const mapping = (message: Message) => v.custom<Record<string, unknown>>(i
 /**
  * A mapping of `entries` and no other key: a missing key is reported at the mapping, and every
  * unknown key at itself (valibot's strictObject reports the first one only).
+ *
+ * The keys are read from the mapping as written, beside the object schema rather than after it:
+ * valibot's object output leaves out the keys `__proto__`, `constructor` and `prototype`, which
+ * would otherwise pass as known (README "The limit table": unknown keys are errors).
  */
 export function closed<const E extends v.ObjectEntries>(
   entries: E,
   wrongType: Message,
   unknownKey = (key: string) => `unknown key "${key}" (expected one of ${Object.keys(entries).join(', ')})`,
 ) {
-  return v.pipe(
-    mapping(wrongType),
-    v.looseObject(entries, (issue) => `missing ${issue.expected}`),
+  const noUnknownKey = v.pipe(
+    v.unknown(),
     v.rawCheck(({ dataset, addIssue }) => {
       const input: unknown = dataset.value;
       if (!isMapping(input)) return;
@@ -83,5 +86,10 @@ export function closed<const E extends v.ObjectEntries>(
         addIssue({ message: unknownKey(key), path: [{ type: 'object', origin: 'key', input, key, value }] });
       }
     }),
+    v.transform(() => ({})),
   );
+  const object = v.looseObject(entries, (issue) => `missing ${issue.expected}`);
+  // Typed as the object schema: its output is the object's (the other's is empty), which TypeScript
+  // cannot work out through an intersection of generic entries.
+  return v.pipe(mapping(wrongType), v.intersect([object, noUnknownKey]) as unknown as typeof object);
 }

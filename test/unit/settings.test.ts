@@ -287,6 +287,13 @@ describe('settings from gateway.yaml', () => {
     );
   });
 
+  it('refuses the keys an object schema leaves out as unknown settings (regression: __proto__, constructor and prototype passed)', () => {
+    expect(fileMessage('port: 8080\nconstructor: 1\n')).toBe('gw.yaml:2:1: unknown setting "constructor"');
+    expect(fileMessage('routing:\n  default: eqt\n  __proto__: fno\n')).toBe(
+      'gw.yaml:3:3: unknown key "__proto__" in routing (expected default, routes)',
+    );
+  });
+
   it('names the line and column of every kind of problem in gateway.yaml, the first in the file first', () => {
     expect(fileMessage('prot: 1\nport: 99999\n')).toBe('gw.yaml:1:1: unknown setting "prot"');
     expect(fileMessage('port: 99999\nprot: 1\n')).toBe(
