@@ -185,7 +185,8 @@ function duplicateRoutes(source: YamlSource, rows: readonly RowRoutes[]): Issue[
 /**
  * Each plan's numbers for every row: the row's scaled by `scale` (at least 1), or the plan's own.
  * Adds to `issues` a plan row whose route no row has, and a plan row whose per_day ends up below
- * its per_hour (rows and plans with errors of their own are reported there, not again here).
+ * its per_hour, or a scale that takes a number past the largest integer (rows and plans with errors
+ * of their own are reported there, not again here).
  */
 function readPlans(plans: Table['plans'], rows: readonly DraftRow[], issues: Issue[]): Map<string, Plan> {
   const before = [...issues];
@@ -212,10 +213,26 @@ function readPlans(plans: Table['plans'], rows: readonly DraftRow[], issues: Iss
             : `no row of the table has route "${route.text}"`,
         });
     }
+    let overflow = false;
     const limits = rows.map((row) => {
       const override = overrides.get(row.index);
       const perHour = override?.perHour ?? Math.max(1, Math.floor(row.limits.perHour * plan.scale));
       const perDay = override?.perDay ?? Math.max(1, Math.floor(row.limits.perDay * plan.scale));
+      // A scaled number is a limit like any other: a positive integer (README "The limit table"),
+      // not a float past 2^53 or Infinity. Said once per plan, at its scale.
+      const past = (
+        [
+          ['per_hour', perHour],
+          ['per_day', perDay],
+        ] as const
+      ).find(([, n]) => !Number.isSafeInteger(n));
+      if (past !== undefined && !overflow && !invalid('limits', row.index) && !invalid('plans', name)) {
+        overflow = true;
+        issues.push({
+          path: ['plans', name, 'scale'],
+          message: `scale ${plan.scale} makes ${past[0]} of row ${row.index + 1} (${row.name}) ${past[1]}, past the largest limit (${Number.MAX_SAFE_INTEGER})`,
+        });
+      }
       if (perDay < perHour && !invalid('limits', row.index) && !invalid('plans', name)) {
         issues.push({
           path: override ? ['plans', name, 'rows', override.text] : ['plans', name],
