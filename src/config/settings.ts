@@ -149,7 +149,10 @@ const clusterNodes = v.pipe(
     v.pipe(
       v.string(),
       v.rawTransform(({ dataset: { value: node }, addIssue, NEVER }) => {
-        const [, host, port] = /^([A-Za-z0-9.:\-[\]]+):(\d{1,5})$/.exec(node) ?? [];
+        // An IPv6 address is written in brackets (RFC 3986 §3.2.2), and given to ioredis without
+        // them: it looks `[::1]` up as a host name, which never resolves.
+        const [, bracketed, plain, port] = /^(?:\[([0-9A-Fa-f:.]+)\]|([A-Za-z0-9.:-]+)):(\d{1,5})$/.exec(node) ?? [];
+        const host = bracketed ?? plain;
         if (host && Number(port) >= 1 && Number(port) <= 65535) return { host, port: Number(port) };
         addIssue({ message: `"${node}" is not host:port` });
         return NEVER;

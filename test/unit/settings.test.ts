@@ -1,4 +1,5 @@
 import { mkdtempSync, writeFileSync } from 'node:fs';
+import { isIP } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { describe, expect, it } from 'vitest';
@@ -138,6 +139,19 @@ const REFUSED: Array<[Record<string, string>, string]> = [
 ];
 
 describe('settings from the environment', () => {
+  it('reads a bracketed IPv6 address of REDIS_CLUSTER_NODES as the address (regression: ioredis got "[::1]", a host name that never resolves)', () => {
+    const s = load({ ...BRIDGES, REDIS_CLUSTER_NODES: '[::1]:7000,[fd00::2]:7001,redis-0:7002' });
+    expect(s.redisClusterNodes).toEqual([
+      { host: '::1', port: 7000 },
+      { host: 'fd00::2', port: 7001 },
+      { host: 'redis-0', port: 7002 },
+    ]);
+    expect(s.redisClusterNodes?.slice(0, 2).map((n) => isIP(n.host))).toEqual([6, 6]);
+    expect(message({ ...BRIDGES, REDIS_CLUSTER_NODES: '[::1:7000' })).toBe(
+      'REDIS_CLUSTER_NODES=[::1:7000: "[::1:7000" is not host:port',
+    );
+  });
+
   it('has the defaults of README "Configuration"', () => {
     const s = load(BRIDGES);
     expect(s).toMatchObject({
