@@ -273,6 +273,23 @@ const ROUTING = closed(
       v.pipe(
         mapping(got('routing.routes must map routes to bridges')),
         v.record(ROUTE_TEXT, BRIDGE),
+        v.rawCheck(({ dataset, addIssue }) => {
+          if (!dataset.typed) return;
+          // `GET /orders/{id}` and `GET /orders/{orderId}` are one route: a second bridge for it would
+          // silently win (the limit table and its plans refuse a route set twice as well).
+          const input = dataset.value;
+          const first = new Map<string, string>();
+          for (const [text, value] of Object.entries(input)) {
+            const key = (parseRoute(text) as Route).key;
+            const earlier = first.get(key);
+            if (earlier === undefined) first.set(key, text);
+            else
+              addIssue({
+                message: `route "${text}" is already set by "${earlier}"`,
+                path: [{ type: 'object', origin: 'key', input, key: text, value }],
+              });
+          }
+        }),
         v.transform(
           (routes) => new Map(Object.entries(routes).map(([r, bridge]) => [(parseRoute(r) as Route).key, bridge])),
         ),

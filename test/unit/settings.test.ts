@@ -324,6 +324,9 @@ describe('settings from gateway.yaml', () => {
     expect(fileMessage('routing:\n  routes:\n    GET /orders/: eqt\n')).toBe(
       'gw.yaml:3:5: route "GET /orders/": empty path segment (repeated or trailing "/")',
     );
+    expect(fileMessage('routing:\n  routes:\n    GET /orders/{id}: fno\n    GET /orders/{orderId}: eqt\n')).toBe(
+      'gw.yaml:4:5: route "GET /orders/{orderId}" is already set by "GET /orders/{id}"',
+    );
     expect(fileMessage('credential_routes:\n  - POST /a\n  - WS /ws/orders\n')).toBe(
       'gw.yaml:3:5: "WS /ws/orders" is a WS route',
     );
