@@ -41,8 +41,9 @@ export async function runCluster(settings: Settings, takeEarlyReload: () => bool
 async function runPrimary(settings: Settings, takeEarlyReload: () => boolean): Promise<void> {
   // Workers that said they serve: they listen and take the primary's messages.
   const serving = new Set<number>();
-  const primary = await startPrimary(settings, serving);
+  // Set as the shutdown begins: /readyz turns 503 while the workers still finish their requests (docs/operations.md "Shutdown").
   let stopping = false;
+  const primary = await startPrimary(settings, serving, () => stopping);
   const startedAt = new Map<number, number>();
   let quickDeaths = 0;
   const fork = (): void => {
@@ -119,14 +120,15 @@ async function runPrimary(settings: Settings, takeEarlyReload: () => boolean): P
 }
 
 /** The primary's gateway: the admin listener, no public one; a start-up error ends the process. */
-function startPrimary(settings: Settings, serving: ReadonlySet<number>): Promise<Gateway> {
+function startPrimary(settings: Settings, serving: ReadonlySet<number>, stopping: () => boolean): Promise<Gateway> {
   const aggregator = new AggregatorRegistry();
   return startGateway({
     settings,
     public: false,
     metricsText: () => aggregator.clusterMetrics(),
     // Ready only while a worker serves: the primary's own table and Redis say nothing of the public port.
-    notServing: () => (serving.size === 0 ? 'no worker serves the public port' : undefined),
+    notServing: () =>
+      stopping() ? 'shutting down' : serving.size === 0 ? 'no worker serves the public port' : undefined,
     reloadElsewhere: (own) => reloadWorkers(own, serving),
   }).catch((err: unknown) => {
     if (err instanceof StartupError) {

@@ -1,0 +1,112 @@
+import { spawn, type ChildProcess } from 'node:child_process';
+import { mkdtempSync, writeFileSync } from 'node:fs';
+import http from 'node:http';
+import type { AddressInfo } from 'node:net';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { afterEach, describe, expect, it } from 'vitest';
+import { ADMIN_TOKEN } from '../helpers/gateway.js';
+import { outputOf, waitForListening, type ChildOutput } from '../helpers/child-gateway.js';
+import { send } from '../helpers/http.js';
+import { REDIS_URL, uniquePrefix } from '../helpers/redis.js';
+
+/** WORKERS=2: what the primary's admin listener says of its workers (readiness, metrics). */
+
+const LIMITS = `
+timezone: UTC
+limits:
+  - { name: Order Status, route: "GET /orders/{id}", per_hour: 100000, per_day: 100000 }
+`;
+
+/** A bridge that answers `GET …?delay=N` after N ms, and tells when a request has arrived. */
+interface SlowBridge {
+  readonly url: string;
+  readonly arrived: () => number;
+  close(): Promise<void>;
+}
+
+async function slowBridge(): Promise<SlowBridge> {
+  let arrived = 0;
+  const server = http.createServer((req, res) => {
+    arrived++;
+    const delay = Number(/[?&]delay=(\d+)/.exec(req.url ?? '')?.[1] ?? 0);
+    setTimeout(() => res.end('{"ok":true}'), delay);
+  });
+  await new Promise<void>((resolve) => server.listen(0, '127.0.0.1', resolve));
+  return {
+    url: `http://127.0.0.1:${(server.address() as AddressInfo).port}`,
+    arrived: () => arrived,
+    close: () =>
+      new Promise((resolve) => {
+        server.closeAllConnections();
+        server.close(() => resolve());
+      }),
+  };
+}
+
+interface Workers {
+  readonly child: ChildProcess;
+  readonly output: ChildOutput;
+  readonly exited: Promise<number | null>;
+  readonly url: string;
+  readonly adminUrl: string;
+  readonly bridge: SlowBridge;
+}
+
+const started: Workers[] = [];
+afterEach(async () => {
+  for (const w of started.splice(0)) {
+    if (w.child.exitCode === null && w.child.signalCode === null) w.child.kill('SIGKILL');
+    await w.bridge.close();
+  }
+});
+
+async function startWorkers(label: string): Promise<Workers> {
+  const bridge = await slowBridge();
+  const dir = mkdtempSync(join(tmpdir(), 'oapi-workers-obs-'));
+  writeFileSync(join(dir, 'limits.yaml'), LIMITS);
+  const child = spawn(process.execPath, [new URL('../../dist/main.js', import.meta.url).pathname], {
+    cwd: dir,
+    env: {
+      PATH: process.env.PATH,
+      WORKERS: '2',
+      PORT: '0',
+      HOST: '127.0.0.1',
+      ADMIN_PORT: '0',
+      ADMIN_TOKEN,
+      EQT_BRIDGE_URL: bridge.url,
+      FNO_BRIDGE_URL: bridge.url,
+      REDIS_URL,
+      REDIS_KEY_PREFIX: uniquePrefix(label),
+      API_KEY_MODE: 'any',
+      SHUTDOWN_TIMEOUT_MS: '10000',
+    },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
+  const output = outputOf(child);
+  const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
+  const workers = { child, output, exited, bridge, url: '', adminUrl: '' };
+  started.push(workers);
+  const { url, adminUrl } = await waitForListening(child, output, { count: 3 });
+  return { ...workers, url, adminUrl };
+}
+
+describe('WORKERS=2, SIGTERM', () => {
+  it('/readyz of the primary turns 503 while its workers finish their requests (regression: ok until they had exited)', async () => {
+    const gw = await startWorkers('workers-readyz-drain');
+    expect((await send(gw.adminUrl, { path: '/readyz' })).status).toBe(200);
+    const slow = send(gw.url, { path: '/orders/1?delay=2500', headers: { 'X-API-Key': 'drain' }, agent: false });
+    const deadline = Date.now() + 5000;
+    while (gw.bridge.arrived() === 0 && Date.now() < deadline) await new Promise((r) => setTimeout(r, 20));
+    expect(gw.bridge.arrived()).toBe(1);
+    gw.child.kill('SIGTERM');
+    // docs/operations.md "Shutdown": /readyz turns 503 as the listener stops accepting.
+    await new Promise((r) => setTimeout(r, 300));
+    const ready = await send(gw.adminUrl, { path: '/readyz', agent: false });
+    expect(ready.status).toBe(503);
+    expect(ready.json()).toEqual({ status: 'unavailable', reason: 'shutting down' });
+    // The request in flight still gets its answer, and every process ends.
+    expect((await slow).status).toBe(200);
+    expect(await gw.exited).toBe(0);
+  });
+});
