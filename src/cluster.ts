@@ -1,5 +1,5 @@
 import cluster, { type Worker } from 'node:cluster';
-import { AggregatorRegistry } from 'prom-client';
+import { AggregatorRegistry, type Registry } from 'prom-client';
 import type { AdminReloadResult } from './admin/app.js';
 import type { Settings } from './config/settings.js';
 import type { ReloadResult } from './config/table-holder.js';
@@ -121,11 +121,10 @@ async function runPrimary(settings: Settings, takeEarlyReload: () => boolean): P
 
 /** The primary's gateway: the admin listener, no public one; a start-up error ends the process. */
 function startPrimary(settings: Settings, serving: ReadonlySet<number>, stopping: () => boolean): Promise<Gateway> {
-  const aggregator = new AggregatorRegistry();
   return startGateway({
     settings,
     public: false,
-    metricsText: () => aggregator.clusterMetrics(),
+    metricsText: () => workersMetrics(serving),
     // Ready only while a worker serves: the primary's own table and Redis say nothing of the public port.
     notServing: () =>
       stopping() ? 'shutting down' : serving.size === 0 ? 'no worker serves the public port' : undefined,
@@ -200,6 +199,62 @@ function disagreement({ pid, result }: WorkerAnswer, hash: string): string[] {
   if (result === 'no answer') return [`worker ${pid} did not answer within ${RELOAD_ANSWER_MS / 1000} s`];
   if (!result.ok) return [`worker ${pid} found the file not valid (${result.errors[0] ?? 'no error given'})`];
   return result.hash === hash ? [] : [`worker ${pid} loaded ${result.hash}`];
+}
+
+/**
+ * The primary's /metrics: its serving workers' metrics added up (docs/performance.md "`WORKERS=n`").
+ * Only workers that said they serve are asked: they answer prom-client's question (runWorker), where
+ * a worker still starting does not yet, and prom-client's own clusterMetrics() asks every worker and
+ * fails the whole scrape after 5 s for want of that one's answer. A worker that exits before it answers
+ * is left out (its counts went with it); one that does not answer within 5 s fails the scrape, as before.
+ * The primary constructs no AggregatorRegistry: prom-client's listener for the answers would take these
+ * ones, whose ids it does not know, and throw.
+ */
+async function workersMetrics(serving: ReadonlySet<number>): Promise<string> {
+  const id = nextMetricsId++;
+  const asked = [...serving].flatMap((workerId) => cluster.workers?.[workerId] ?? []);
+  const answers = await Promise.all(asked.map((worker) => metricsOf(worker, id)));
+  return AggregatorRegistry.aggregate(answers.flat()).metrics();
+}
+
+let nextMetricsId = 1;
+const METRICS_ANSWER_MS = 5_000;
+
+/** prom-client's messages between the primary and a worker (prom-client/lib/cluster.js). */
+type RegistryJson = Awaited<ReturnType<Registry['getMetricsAsJSON']>>;
+interface MetricsAnswer {
+  readonly type?: string;
+  readonly requestId?: number;
+  readonly metrics?: RegistryJson[];
+  readonly error?: string;
+}
+
+/** One worker's registries as JSON (none when it exits first). */
+function metricsOf(worker: Worker, id: number): Promise<RegistryJson[]> {
+  return new Promise((resolve, reject) => {
+    const done = (err: Error | undefined, metrics: RegistryJson[] = []): void => {
+      clearTimeout(timer);
+      worker.off('message', onMessage);
+      worker.off('exit', onExit);
+      if (err) reject(err);
+      else resolve(metrics);
+    };
+    const onMessage = (message: MetricsAnswer): void => {
+      if (message?.type !== 'prom-client:getMetricsRes' || message.requestId !== id) return;
+      if (message.error !== undefined) done(new Error(message.error));
+      else done(undefined, message.metrics ?? []);
+    };
+    const onExit = (): void => done(undefined);
+    const timer = setTimeout(
+      () => done(new Error(`worker ${worker.process.pid} did not answer within ${METRICS_ANSWER_MS / 1000} s`)),
+      METRICS_ANSWER_MS,
+    );
+    worker.on('message', onMessage);
+    worker.on('exit', onExit);
+    worker.send({ type: 'prom-client:getMetricsReq', requestId: id }, (err) => {
+      if (err) done(undefined);
+    });
+  });
 }
 
 async function runWorker(settings: Settings, takeEarlyReload: () => boolean): Promise<void> {

@@ -6,7 +6,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { ADMIN_TOKEN } from '../helpers/gateway.js';
-import { outputOf, waitForListening, type ChildOutput } from '../helpers/child-gateway.js';
+import { listeningLines, outputOf, waitForListening, type ChildOutput } from '../helpers/child-gateway.js';
 import { send } from '../helpers/http.js';
 import { REDIS_URL, uniquePrefix } from '../helpers/redis.js';
 
@@ -108,5 +108,48 @@ describe('WORKERS=2, SIGTERM', () => {
     // The request in flight still gets its answer, and every process ends.
     expect((await slow).status).toBe(200);
     expect(await gw.exited).toBe(0);
+  });
+});
+
+/** The pids of the workers that said they listen, and still run. */
+function workerPids(gw: Workers): number[] {
+  return listeningLines(gw.output.stdout())
+    .filter((l) => l.public)
+    .map((l) => l.pid)
+    .filter((pid) => {
+      try {
+        process.kill(pid, 0);
+        return true;
+      } catch {
+        return false;
+      }
+    });
+}
+
+describe('WORKERS=2, /metrics of the primary', () => {
+  it('answers while a worker that died is being started again (regression: 500 after 5 s, waiting for a worker that did not take the question yet)', async () => {
+    const gw = await startWorkers('workers-metrics-restart');
+    expect((await send(gw.url, { path: '/orders/1', headers: { 'X-API-Key': 'm' }, agent: false })).status).toBe(200);
+    expect((await send(gw.adminUrl, { path: '/metrics' })).status).toBe(200);
+    const before = listeningLines(gw.output.stdout()).length;
+    const [victim] = workerPids(gw);
+    process.kill(victim as number, 'SIGKILL');
+    // Scrapes every 100 ms from the death until the new worker listens (bounded in count and time).
+    const scrapes: Array<Promise<{ status: number; ms: number }>> = [];
+    const deadline = Date.now() + 10_000;
+    while (listeningLines(gw.output.stdout()).length === before && Date.now() < deadline && scrapes.length < 100) {
+      const at = Date.now();
+      scrapes.push(
+        send(gw.adminUrl, { path: '/metrics', agent: false, timeoutMs: 8000 }).then((r) => ({
+          status: r.status,
+          ms: Date.now() - at,
+        })),
+      );
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    expect(listeningLines(gw.output.stdout()).length).toBe(before + 1);
+    const results = await Promise.all(scrapes);
+    expect(results.length).toBeGreaterThan(0);
+    expect(results.filter((r) => r.status !== 200 || r.ms > 2000)).toEqual([]);
   });
 });
