@@ -152,4 +152,44 @@ describe('WORKERS=2, /metrics of the primary', () => {
     expect(results.length).toBeGreaterThan(0);
     expect(results.filter((r) => r.status !== 200 || r.ms > 2000)).toEqual([]);
   });
+
+  it("never shows a counter going down when a worker dies and another takes its place (regression: the dead worker's counts left the sum)", async () => {
+    const gw = await startWorkers('workers-metrics-monotonic');
+    const replies = await Promise.all(
+      Array.from({ length: 12 }, (_, i) =>
+        send(gw.url, { path: `/orders/${i}`, headers: { 'X-API-Key': 'mono' }, agent: false }),
+      ),
+    );
+    expect(replies.every((r) => r.status === 200)).toBe(true);
+    const total = (text: string, metric: string): number =>
+      [...text.matchAll(new RegExp(`^${metric}\\{.*\\} (\\S+)$`, 'gm'))].reduce((sum, m) => sum + Number(m[1]), 0);
+    const scrape = async (): Promise<string> => {
+      const reply = await send(gw.adminUrl, { path: '/metrics', agent: false });
+      expect(reply.status).toBe(200);
+      return reply.text;
+    };
+    const first = await scrape();
+    expect(total(first, 'oapi_gateway_requests_total')).toBe(12);
+    // A worker that served some of them dies (a crash); the primary starts another.
+    await new Promise((r) => setTimeout(r, 200));
+    const servedBy = new Set(
+      gw.output
+        .stdout()
+        .split('\n')
+        .filter((l) => l.includes('"msg":"request"'))
+        .map((l) => (JSON.parse(l) as { pid: number }).pid),
+    );
+    const victim = workerPids(gw).find((pid) => servedBy.has(pid));
+    expect(victim).toBeTypeOf('number');
+    const before = listeningLines(gw.output.stdout()).length;
+    process.kill(victim as number, 'SIGKILL');
+    await waitForListening(gw.child, gw.output, { count: before + 1 });
+    const after = await scrape();
+    // Counters only go up (Prometheus reads a decrease as a reset, and rate() then counts everything again).
+    expect(total(after, 'oapi_gateway_requests_total')).toBeGreaterThanOrEqual(12);
+    expect(total(after, 'oapi_gateway_request_duration_seconds_count')).toBeGreaterThanOrEqual(12);
+    expect(Number(/^oapi_gateway_store_calls_total (\S+)$/m.exec(after)?.[1])).toBeGreaterThanOrEqual(
+      Number(/^oapi_gateway_store_calls_total (\S+)$/m.exec(first)?.[1]),
+    );
+  });
 });
