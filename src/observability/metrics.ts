@@ -130,7 +130,7 @@ export class GatewayMetrics implements LimiterObserver {
   });
   readonly invalidKeys = new Counter({
     name: 'oapi_gateway_invalid_keys_total',
-    help: 'Requests with a missing or unknown API key, by outcome (rejected: 401, throttled: 429).',
+    help: 'Requests refused by the API-key check, by outcome (rejected: 401, a missing or unknown key; throttled: 429, any request from an address the invalid-key guard blocks).',
     labelNames: ['outcome'] as const,
     registers: [this.registry],
   });
