@@ -25,19 +25,13 @@ export const KEY_ID = /^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$/;
 const SHA256_HEX = /^[0-9a-fA-F]{64}$/;
 
 /**
- * Like `got`, but a string is described by its length only (and a number as such): a malformed sha256 is most likely the key
- * itself, pasted in place of its hash, and a key is never logged (README "API keys and plans").
+ * Like `got`, but a string is described by its length only: a malformed sha256 is most likely the
+ * key itself, pasted in place of its hash, and a key is never logged (README "API keys and plans").
  */
 const notQuoted =
   (what: string) =>
   (issue: { readonly input: unknown }): string =>
-    `${what}, got ${
-      typeof issue.input === 'string'
-        ? `${issue.input.length} characters`
-        : typeof issue.input === 'number'
-          ? 'a number'
-          : describe(issue.input)
-    }`;
+    `${what}, got ${typeof issue.input === 'string' ? `${issue.input.length} characters` : describe(issue.input)}`;
 
 const keyFile = (plans: ReadonlySet<string>) => {
   const entry = closed(

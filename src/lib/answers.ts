@@ -97,6 +97,11 @@ export const CLIENT_GONE = 499;
 
 export const JSON_TYPE = 'application/json';
 
+/** A gateway answer as a fetch Response (node-server's error handlers, which answer with one). */
+export function answerResponse(status: number, message: string): Response {
+  return new Response(errorBody(status, message), { status, headers: { 'Content-Type': JSON_TYPE } });
+}
+
 /** A gateway answer written straight to a Node response (forwarding errors, client errors). */
 export function writeAnswer(res: ServerResponse, status: number, message: string, headers: HeaderList = []): void {
   const body = errorBody(status, message);

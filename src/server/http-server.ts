@@ -6,7 +6,7 @@ import type { Hono } from 'hono';
 import type { Settings } from '../config/settings.js';
 import { accessLogWriter, type Logger } from '../observability/logger.js';
 import { UNMATCHED, type GatewayMetrics } from '../observability/metrics.js';
-import { clientErrorAnswer, errorBody, rawAnswer, writeAnswer, type Reason } from '../lib/answers.js';
+import { answerResponse, clientErrorAnswer, rawAnswer, writeAnswer, type Reason } from '../lib/answers.js';
 import { markClientFailure, type ClientFailure } from '../lib/client-failure.js';
 import type { HeaderList } from '../lib/header-list.js';
 import type { GatewayEnv } from './context.js';
@@ -204,10 +204,7 @@ function servingInOrder(
       if (converting) return refuse.answer(converting, 400, 'bad-request', 'Malformed request');
       // Only when the app's own error handler fails: the chain's errors reach it as rejections
       // (server/chain.ts), after this request's conversion is over.
-      return new Response(errorBody(500, 'Internal error'), {
-        status: 500,
-        headers: { 'Content-Type': 'application/json' },
-      });
+      return answerResponse(500, 'Unexpected error');
     },
   });
   return new ConnectionOrder(

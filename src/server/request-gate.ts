@@ -77,10 +77,7 @@ function formsUrl(host: string, target: string): boolean {
   }
   if (url.username !== '' || url.password !== '') return false;
   if (!target.startsWith('/') || PLAIN_HOST.test(host)) return true;
-  return (
-    url.hostname.length === host.length ||
-    url.hostname === (host.includes(':') ? host.replace(/:\d+$/, '') : host).toLowerCase()
-  );
+  return url.hostname.length === host.length || url.hostname === host.replace(/:\d+$/, '').toLowerCase();
 }
 
 function isHost(name: string): boolean {

@@ -4,7 +4,7 @@ import type { Duplex } from 'node:stream';
 import { getRequestListener, RequestError } from '@hono/node-server';
 import type { Hono } from 'hono';
 import type { Settings } from '../config/settings.js';
-import { clientErrorAnswer, errorBody, JSON_TYPE, rawAnswer } from '../lib/answers.js';
+import { answerResponse, clientErrorAnswer, rawAnswer } from '../lib/answers.js';
 import type { Logger } from '../observability/logger.js';
 import type { GatewayMetrics } from '../observability/metrics.js';
 import type { Forwarder } from '../proxy/forwarder.js';
@@ -40,8 +40,8 @@ export async function startAdminServer(
       // "The admin listener"), not node-server's empty one.
       errorHandler: (err) =>
         err instanceof RequestError
-          ? new Response(errorBody(400, 'Malformed request'), { status: 400, headers: { 'Content-Type': JSON_TYPE } })
-          : new Response(errorBody(500, 'Unexpected error'), { status: 500, headers: { 'Content-Type': JSON_TYPE } }),
+          ? answerResponse(400, 'Malformed request')
+          : answerResponse(500, 'Unexpected error'),
     }),
   );
   // Malformed requests get the two-field answer of the public listener, not Node's empty one.

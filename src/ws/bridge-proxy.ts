@@ -1,4 +1,4 @@
-import { STATUS_CODES, type ClientRequest, type IncomingMessage, type ServerResponse } from 'node:http';
+import type { ClientRequest, IncomingMessage, ServerResponse } from 'node:http';
 import type { Socket } from 'node:net';
 import { Transform, type Duplex } from 'node:stream';
 import type * as HttpProxyMiddleware from 'http-proxy-middleware';
@@ -6,7 +6,7 @@ import type { RequestHandler } from 'http-proxy-middleware';
 import { BRIDGES, type BridgeName } from '../config/settings.js';
 import type { HeaderList } from '../lib/header-list.js';
 import { requestHeaderList, responseHeaderList } from '../proxy/headers.js';
-import { CLIENT_GONE, rawAnswer, writablePhrase, type Reason } from '../lib/answers.js';
+import { CLIENT_GONE, rawAnswer, statusPhrase, writablePhrase, type Reason } from '../lib/answers.js';
 import { endAndLinger } from '../lib/linger.js';
 
 /**
@@ -320,7 +320,7 @@ function passRefusal(
     status !== 204 &&
     status !== 304;
   const phrase = res.statusMessage ?? '';
-  let head = `HTTP/1.1 ${status} ${writablePhrase(phrase) ? phrase : (STATUS_CODES[status] ?? '')}\r\n`;
+  let head = `HTTP/1.1 ${status} ${writablePhrase(phrase) ? phrase : statusPhrase(status)}\r\n`;
   for (let i = 0; i < fields.length; i += 2) head += `${fields[i]}: ${fields[i + 1]}\r\n`;
   head += chunked ? 'Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n' : 'Connection: close\r\n\r\n';
   // (The parser hands header values over as latin1: written back byte for byte.)
