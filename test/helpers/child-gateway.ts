@@ -1,4 +1,6 @@
-import type { ChildProcess } from 'node:child_process';
+import { spawn, type ChildProcess } from 'node:child_process';
+import { ADMIN_TOKEN } from './gateway.js';
+import { uniquePrefix } from './redis.js';
 
 /** What a gateway process says when it serves: one line per process (workers and the primary's admin listener). */
 export interface ListeningLine {
@@ -101,4 +103,35 @@ export async function waitForListening(
     );
   }
   return { url: urlOf(publicAt), adminUrl: urlOf(adminAt), lines };
+}
+
+/**
+ * `node dist/main.js` with `WORKERS=2` in `dir` (its limits.yaml), on loopback ports of its own,
+ * both bridges at `bridgeUrl`, counting in `redisUrl` under a prefix of its own; `env` on top.
+ */
+export function spawnWorkersGateway(options: {
+  readonly dir: string;
+  readonly bridgeUrl: string;
+  readonly redisUrl: string;
+  readonly label: string;
+  readonly env?: Record<string, string>;
+}): ChildProcess {
+  return spawn(process.execPath, [new URL('../../dist/main.js', import.meta.url).pathname], {
+    cwd: options.dir,
+    env: {
+      PATH: process.env.PATH,
+      WORKERS: '2',
+      PORT: '0',
+      HOST: '127.0.0.1',
+      ADMIN_PORT: '0',
+      ADMIN_TOKEN,
+      EQT_BRIDGE_URL: options.bridgeUrl,
+      FNO_BRIDGE_URL: options.bridgeUrl,
+      REDIS_URL: options.redisUrl,
+      REDIS_KEY_PREFIX: uniquePrefix(options.label),
+      API_KEY_MODE: 'any',
+      ...options.env,
+    },
+    stdio: ['ignore', 'pipe', 'pipe'],
+  });
 }

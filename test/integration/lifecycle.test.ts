@@ -49,6 +49,26 @@ afterEach(() => {
   }
 });
 
+/**
+ * The environment of a gateway process in `dir`: its table (npm runs the script in the package's
+ * folder, so LIMITS_FILE names this test's own), loopback ports of its own, both bridges the slow
+ * one; `env` on top (no Redis unless it names one).
+ */
+function processEnv(dir: string, env: Record<string, string | undefined>): NodeJS.ProcessEnv {
+  return {
+    PATH: process.env.PATH,
+    LIMITS_FILE: join(dir, 'limits.yaml'),
+    PORT: '0',
+    HOST: '127.0.0.1',
+    ADMIN_PORT: '0',
+    ADMIN_TOKEN,
+    EQT_BRIDGE_URL: slowUrl,
+    FNO_BRIDGE_URL: slowUrl,
+    API_KEY_MODE: 'any',
+    ...env,
+  };
+}
+
 /** `npm`: the gateway as `npm start` runs it, the npm process being the child (as a process manager sees it). */
 async function startProcess(env: Record<string, string> = {}, how: 'node' | 'npm' = 'node') {
   const dir = mkdtempSync(join(tmpdir(), 'oapi-proc-'));
@@ -58,23 +78,13 @@ async function startProcess(env: Record<string, string> = {}, how: 'node' | 'npm
     how === 'npm' ? ['npm', ['start', '--silent', '--prefix', ROOT]] : [process.execPath, [join(ROOT, 'dist/main.js')]];
   const child = spawn(command, args, {
     cwd: dir,
-    env: {
-      PATH: process.env.PATH,
+    env: processEnv(dir, {
       HOME: process.env.HOME,
-      // npm runs the script in the package's folder: the table is this test's own.
-      LIMITS_FILE: join(dir, 'limits.yaml'),
-      PORT: '0',
-      HOST: '127.0.0.1',
-      ADMIN_PORT: '0',
-      ADMIN_TOKEN,
-      EQT_BRIDGE_URL: slowUrl,
-      FNO_BRIDGE_URL: slowUrl,
       REDIS_URL,
       REDIS_KEY_PREFIX: prefix,
-      API_KEY_MODE: 'any',
       SHUTDOWN_TIMEOUT_MS: '5000',
       ...env,
-    },
+    }),
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   children.push(child);
@@ -184,18 +194,7 @@ function spawnStarting(
   writeFileSync(join(dir, 'limits.yaml'), LIMITS);
   const child = spawn(process.execPath, [...nodeArgs, join(ROOT, 'dist/main.js')], {
     cwd: dir,
-    env: {
-      PATH: process.env.PATH,
-      LIMITS_FILE: join(dir, 'limits.yaml'),
-      PORT: '0',
-      HOST: '127.0.0.1',
-      ADMIN_PORT: '0',
-      ADMIN_TOKEN,
-      EQT_BRIDGE_URL: slowUrl,
-      FNO_BRIDGE_URL: slowUrl,
-      API_KEY_MODE: 'any',
-      ...env,
-    },
+    env: processEnv(dir, env),
     stdio: ['ignore', 'pipe', 'pipe'],
   });
   children.push(child);

@@ -1,4 +1,4 @@
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
 import { tmpdir } from 'node:os';
@@ -7,10 +7,16 @@ import { Redis } from 'ioredis';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { sha256Hex } from '../../src/lib/hash.js';
 import { startSandboxBridge } from '../../src/sandbox/bridge.js';
-import { ADMIN_TOKEN, authHeader, startGatewayPair, type GatewayPair, type TestGateway } from '../helpers/gateway.js';
-import { listeningLines, outputOf, waitForListening, type ChildOutput } from '../helpers/child-gateway.js';
+import { authHeader, startGatewayPair, type GatewayPair, type TestGateway } from '../helpers/gateway.js';
+import {
+  listeningLines,
+  outputOf,
+  spawnWorkersGateway,
+  waitForListening,
+  type ChildOutput,
+} from '../helpers/child-gateway.js';
 import { send } from '../helpers/http.js';
-import { startRedisServer, uniquePrefix, type RedisProcess } from '../helpers/redis.js';
+import { startRedisServer, type RedisProcess } from '../helpers/redis.js';
 
 /** What one request costs Redis, and several processes on one host. */
 
@@ -100,24 +106,7 @@ interface WorkersProcess {
 
 async function spawnWorkers(dir: string, label: string, env: Record<string, string> = {}): Promise<WorkersProcess> {
   const eqt = await startSandboxBridge('eqt');
-  const child = spawn(process.execPath, [new URL('../../dist/main.js', import.meta.url).pathname], {
-    cwd: dir,
-    env: {
-      PATH: process.env.PATH,
-      WORKERS: '2',
-      PORT: '0',
-      HOST: '127.0.0.1',
-      ADMIN_PORT: '0',
-      ADMIN_TOKEN,
-      EQT_BRIDGE_URL: eqt.url,
-      FNO_BRIDGE_URL: eqt.url,
-      REDIS_URL: redis.url,
-      REDIS_KEY_PREFIX: uniquePrefix(label),
-      API_KEY_MODE: 'any',
-      ...env,
-    },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
+  const child = spawnWorkersGateway({ dir, bridgeUrl: eqt.url, redisUrl: redis.url, label, env });
   const output = outputOf(child);
   let log = '';
   child.stdout?.on('data', (c: Buffer) => (log += c.toString()));

@@ -1,14 +1,19 @@
-import { spawn, type ChildProcess } from 'node:child_process';
+import type { ChildProcess } from 'node:child_process';
 import { mkdtempSync, writeFileSync } from 'node:fs';
 import http from 'node:http';
 import type { AddressInfo } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
-import { ADMIN_TOKEN } from '../helpers/gateway.js';
-import { listeningLines, outputOf, waitForListening, type ChildOutput } from '../helpers/child-gateway.js';
+import {
+  listeningLines,
+  outputOf,
+  spawnWorkersGateway,
+  waitForListening,
+  type ChildOutput,
+} from '../helpers/child-gateway.js';
 import { send } from '../helpers/http.js';
-import { REDIS_URL, uniquePrefix } from '../helpers/redis.js';
+import { REDIS_URL } from '../helpers/redis.js';
 
 /** WORKERS=2: what the primary's admin listener says of its workers (readiness, metrics). */
 
@@ -65,23 +70,12 @@ async function startWorkers(label: string): Promise<Workers> {
   const bridge = await slowBridge();
   const dir = mkdtempSync(join(tmpdir(), 'oapi-workers-obs-'));
   writeFileSync(join(dir, 'limits.yaml'), LIMITS);
-  const child = spawn(process.execPath, [new URL('../../dist/main.js', import.meta.url).pathname], {
-    cwd: dir,
-    env: {
-      PATH: process.env.PATH,
-      WORKERS: '2',
-      PORT: '0',
-      HOST: '127.0.0.1',
-      ADMIN_PORT: '0',
-      ADMIN_TOKEN,
-      EQT_BRIDGE_URL: bridge.url,
-      FNO_BRIDGE_URL: bridge.url,
-      REDIS_URL,
-      REDIS_KEY_PREFIX: uniquePrefix(label),
-      API_KEY_MODE: 'any',
-      SHUTDOWN_TIMEOUT_MS: '10000',
-    },
-    stdio: ['ignore', 'pipe', 'pipe'],
+  const child = spawnWorkersGateway({
+    dir,
+    bridgeUrl: bridge.url,
+    redisUrl: REDIS_URL,
+    label,
+    env: { SHUTDOWN_TIMEOUT_MS: '10000' },
   });
   const output = outputOf(child);
   const exited = new Promise<number | null>((resolve) => child.once('exit', (code) => resolve(code)));
