@@ -5,7 +5,7 @@ import WebSocket, { WebSocketServer, type RawData } from 'ws';
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { authHeader, startTestGateway, type TestGateway } from '../helpers/gateway.js';
 import { send } from '../helpers/http.js';
-import { metricValue } from '../helpers/faults.js';
+import { metricValue, sleep, waitFor } from '../helpers/faults.js';
 import { refusingPort } from '../helpers/redis.js';
 
 /**
@@ -247,18 +247,6 @@ function withTimeout<T>(promise: Promise<T>, ms: number, what: string): Promise<
   ]);
 }
 
-async function waitFor(condition: () => boolean | Promise<boolean>, timeoutMs: number, what: string): Promise<void> {
-  const deadline = Date.now() + timeoutMs;
-  for (let i = 0; i < 10_000; i++) {
-    if (await condition()) return;
-    if (Date.now() > deadline) throw new Error(`timed out after ${timeoutMs} ms waiting for ${what}`);
-    await sleep(20);
-  }
-  throw new Error(`gave up waiting for ${what}`);
-}
-
-const sleep = (ms: number): Promise<void> => new Promise((resolve) => setTimeout(resolve, ms));
-
 /** Every client a test opened, so that afterEach can drop what a failed test left behind. */
 const clients = new Set<WebSocket>();
 
@@ -400,7 +388,7 @@ afterEach(async () => {
   for (const ws of clients) ws.terminate();
   clients.clear();
   // Every test starts with no connection open through the main gateway.
-  await waitFor(async () => (await gauge(gw)) === 0, 5000, 'no WebSocket left open');
+  await waitFor('no WebSocket left open', async () => (await gauge(gw)) === 0, 5000);
 });
 afterAll(async () => {
   await gw?.stop();
@@ -416,7 +404,7 @@ describe('an accepted upgrade', () => {
     const sidesBefore = bridge.sides.length;
 
     const { ws } = await open(wsUrl(gw, '/ws/orders'), { 'X-API-Key': key });
-    await waitFor(() => bridge.sides.length === sidesBefore + 1, 3000, 'the bridge to accept the WebSocket');
+    await waitFor('the bridge to accept the WebSocket', () => bridge.sides.length === sidesBefore + 1, 3000);
     const side = bridge.sides[sidesBefore]!;
     expect(side.url).toBe('/ws/orders');
     expect(side.headers['x-request-id']).toBeTruthy();
@@ -447,9 +435,9 @@ describe('an accepted upgrade', () => {
   it('carries text and binary frames both ways, a 1 MB binary message included', async () => {
     const { ws } = await open(wsUrl(gw, '/ws/orders'), { 'X-API-Key': newKey() });
     await waitFor(
+      'the bridge side',
       () => bridge.sides.length > 0 && bridge.sides.at(-1)!.ws.readyState === WebSocket.OPEN,
       3000,
-      'the bridge side',
     );
     const side = bridge.sides.at(-1)!;
 
@@ -488,7 +476,7 @@ describe('an accepted upgrade', () => {
   it('passes the client close code and reason to the bridge', async () => {
     const sidesBefore = bridge.sides.length;
     const { ws, closed } = await open(wsUrl(gw, '/ws/orders'), { 'X-API-Key': newKey() });
-    await waitFor(() => bridge.sides.length === sidesBefore + 1, 3000, 'the bridge side');
+    await waitFor('the bridge side', () => bridge.sides.length === sidesBefore + 1, 3000);
     const side = bridge.sides[sidesBefore]!;
     ws.close(4000, 'bye');
     expect(await withTimeout(side.closed, 3000, 'the bridge side to close')).toEqual({ code: 4000, reason: 'bye' });
@@ -499,7 +487,7 @@ describe('an accepted upgrade', () => {
   it('passes the bridge close code and reason to the client', async () => {
     const sidesBefore = bridge.sides.length;
     const { closed } = await open(wsUrl(gw, '/ws/orders'), { 'X-API-Key': newKey() });
-    await waitFor(() => bridge.sides.length === sidesBefore + 1, 3000, 'the bridge side');
+    await waitFor('the bridge side', () => bridge.sides.length === sidesBefore + 1, 3000);
     const side = bridge.sides[sidesBefore]!;
     side.ws.close(4001, 'done');
     expect(await withTimeout(closed, 3000, 'the client to close')).toEqual({ code: 4001, reason: 'done' });
@@ -585,7 +573,7 @@ describe('the upgrade request the bridge receives', () => {
   it('carries every line of a repeated field, as a forwarded HTTP request does (regression: only the last one reached the bridge)', async () => {
     const sidesBefore = bridge.sides.length;
     const { ws } = await open(wsUrl(gw, '/ws/orders'), { 'X-API-Key': newKey(), 'X-Client-Tag': ['one', 'two'] });
-    await waitFor(() => bridge.sides.length === sidesBefore + 1, 3000, 'the bridge to accept the WebSocket');
+    await waitFor('the bridge to accept the WebSocket', () => bridge.sides.length === sidesBefore + 1, 3000);
     expect(linesOf(bridge.sides[sidesBefore]!.rawHeaders, 'x-client-tag')).toEqual(['one', 'two']);
     expect(await echo(ws, 'still joined', false)).toEqual({ data: Buffer.from('still joined'), binary: false });
     ws.close();
@@ -602,7 +590,7 @@ describe('the upgrade request the bridge receives', () => {
     ]);
     expect(head).toMatch(/^HTTP\/1\.1 101 /);
     expect(head).toMatch(/\r\nsec-websocket-protocol: chat\r\n/i);
-    await waitFor(() => bridge.sides.length === sidesBefore + 1, 3000, 'the bridge to accept the WebSocket');
+    await waitFor('the bridge to accept the WebSocket', () => bridge.sides.length === sidesBefore + 1, 3000);
     const { rawHeaders } = bridge.sides[sidesBefore]!;
     expect(linesOf(rawHeaders, 'cookie')).toEqual(['a=1; b=2']);
     expect(linesOf(rawHeaders, 'sec-websocket-protocol')).toEqual(['chat', 'superchat']);
@@ -645,7 +633,7 @@ describe('refused upgrades: the answers of README "Headers and answers", and no 
       ws.close();
       await withTimeout(closed, 3000, 'a close');
     }
-    await waitFor(() => smallBridge.sides.length === 3, 3000, 'three connections at the bridge');
+    await waitFor('three connections at the bridge', () => smallBridge.sides.length === 3, 3000);
     const tcpBefore = smallBridge.tcpAccepted();
     expect(tcpBefore).toBe(3);
 
@@ -775,9 +763,9 @@ describe('refused upgrades: the answers of README "Headers and answers", and no 
       expect(silent.sockets.length).toBe(1);
       // The upgrade is abandoned: the gateway must not keep a connection to the bridge open for it.
       await waitFor(
+        'the gateway to drop its socket to the bridge',
         () => silent.sockets[0]!.destroyed || silent.sockets[0]!.readableEnded,
         2000,
-        'the gateway to drop its socket to the bridge',
       );
     } finally {
       await slow.stop();
@@ -791,7 +779,7 @@ describe('the api_key query parameter', () => {
     const key = newKey('query');
     const sidesBefore = bridge.sides.length;
     const { ws } = await open(wsUrl(gw, `/ws/orders?symbol=VN30&api_key=${key}&depth=5`));
-    await waitFor(() => bridge.sides.length === sidesBefore + 1, 3000, 'the bridge side');
+    await waitFor('the bridge side', () => bridge.sides.length === sidesBefore + 1, 3000);
     expect(bridge.sides[sidesBefore]!.url).toBe('/ws/orders?symbol=VN30&depth=5');
     expect((await usageOf(gw, key)).hour.used).toBe(1);
     const reply = await echo(ws, 'ping', false);
@@ -801,7 +789,7 @@ describe('the api_key query parameter', () => {
     // Alone, it leaves no query at all.
     const alone = newKey('query');
     const { ws: ws2 } = await open(wsUrl(gw, `/ws/orders?api_key=${alone}`));
-    await waitFor(() => bridge.sides.length === sidesBefore + 2, 3000, 'the bridge side');
+    await waitFor('the bridge side', () => bridge.sides.length === sidesBefore + 2, 3000);
     expect(bridge.sides[sidesBefore + 1]!.url).toBe('/ws/orders');
     ws2.close();
 
@@ -813,7 +801,7 @@ describe('the api_key query parameter', () => {
     const key = newKey('query');
     const sidesBefore = bridge.sides.length;
     const { ws } = await open(wsUrl(gw, `/ws/orders?symbols=AAA,BBB&api_key=${key}&note=a%20b&flag`));
-    await waitFor(() => bridge.sides.length === sidesBefore + 1, 3000, 'the bridge side');
+    await waitFor('the bridge side', () => bridge.sides.length === sidesBefore + 1, 3000);
     expect(bridge.sides[sidesBefore]!.url).toBe('/ws/orders?symbols=AAA,BBB&note=a%20b&flag');
     ws.close();
   });
@@ -826,7 +814,7 @@ describe('the api_key query parameter', () => {
       (o) => o,
       () => undefined,
     );
-    if (outcome) await waitFor(() => bridge.sides.length === sidesBefore + 1, 3000, 'the bridge side');
+    if (outcome) await waitFor('the bridge side', () => bridge.sides.length === sidesBefore + 1, 3000);
     for (const side of bridge.sides) expect(side.url).not.toContain(key);
     expect(gw.logText()).not.toContain(key);
     outcome?.ws.close();
@@ -852,63 +840,63 @@ describe('open connections', () => {
   it('are visible per row in the metric, going back down on close', async () => {
     expect(await gauge(gw)).toBe(0);
     const a = await open(wsUrl(gw, '/ws/orders'), { 'X-API-Key': newKey() });
-    await waitFor(async () => (await gauge(gw)) === 1, 3000, 'gauge 1');
+    await waitFor('gauge 1', async () => (await gauge(gw)) === 1, 3000);
     const b = await open(wsUrl(gw, '/ws/orders'), { 'X-API-Key': newKey() });
-    await waitFor(async () => (await gauge(gw)) === 2, 3000, 'gauge 2');
+    await waitFor('gauge 2', async () => (await gauge(gw)) === 2, 3000);
 
     a.ws.close(1000, 'first');
     await withTimeout(a.closed, 3000, 'a to close');
-    await waitFor(async () => (await gauge(gw)) === 1, 3000, 'gauge back to 1');
+    await waitFor('gauge back to 1', async () => (await gauge(gw)) === 1, 3000);
     b.ws.close();
     await withTimeout(b.closed, 3000, 'b to close');
-    await waitFor(async () => (await gauge(gw)) === 0, 3000, 'gauge back to 0');
+    await waitFor('gauge back to 0', async () => (await gauge(gw)) === 0, 3000);
   });
 
   it('are released when the bridge closes first', async () => {
     const sidesBefore = bridge.sides.length;
     const { ws, closed } = await open(wsUrl(gw, '/ws/orders'), { 'X-API-Key': newKey() });
-    await waitFor(() => bridge.sides.length === sidesBefore + 1, 3000, 'the bridge side');
+    await waitFor('the bridge side', () => bridge.sides.length === sidesBefore + 1, 3000);
     expect(await gauge(gw)).toBe(1);
     const side = bridge.sides[sidesBefore]!;
     side.ws.close(4002, 'server going');
     expect(await withTimeout(closed, 3000, 'the client to close')).toEqual({ code: 4002, reason: 'server going' });
     const clientSocket = (ws as unknown as { _socket: Socket | null })._socket;
     expect(clientSocket === null || clientSocket.destroyed).toBe(true);
-    await waitFor(async () => (await gauge(gw)) === 0, 3000, 'the gateway to release the connection');
-    await waitFor(() => side.socketClosed, 3000, 'the bridge socket to close');
+    await waitFor('the gateway to release the connection', async () => (await gauge(gw)) === 0, 3000);
+    await waitFor('the bridge socket to close', () => side.socketClosed, 3000);
   });
 
   it('are released when the bridge vanishes without a Close frame', async () => {
     const sidesBefore = bridge.sides.length;
     const { closed } = await open(wsUrl(gw, '/ws/orders'), { 'X-API-Key': newKey() });
-    await waitFor(() => bridge.sides.length === sidesBefore + 1, 3000, 'the bridge side');
+    await waitFor('the bridge side', () => bridge.sides.length === sidesBefore + 1, 3000);
     const side = bridge.sides[sidesBefore]!;
     side.ws.terminate();
     expect((await withTimeout(closed, 4000, 'the client to close')).code).toBe(1006);
-    await waitFor(async () => (await gauge(gw)) === 0, 4000, 'the gateway to release the connection');
-    await waitFor(() => side.socketClosed, 3000, 'the bridge socket to close');
+    await waitFor('the gateway to release the connection', async () => (await gauge(gw)) === 0, 4000);
+    await waitFor('the bridge socket to close', () => side.socketClosed, 3000);
   });
 
   it('are released when the client vanishes without a Close frame', async () => {
     const sidesBefore = bridge.sides.length;
     const { ws } = await open(wsUrl(gw, '/ws/orders'), { 'X-API-Key': newKey() });
-    await waitFor(() => bridge.sides.length === sidesBefore + 1, 3000, 'the bridge side');
+    await waitFor('the bridge side', () => bridge.sides.length === sidesBefore + 1, 3000);
     expect(await gauge(gw)).toBe(1);
     const side = bridge.sides[sidesBefore]!;
     (ws as unknown as { _socket: Socket })._socket.destroy();
     const seen = await withTimeout(side.closed, 4000, 'the bridge to see the connection closed');
     expect(seen.code).toBe(1006);
-    await waitFor(() => side.socketClosed, 3000, 'the bridge socket to close');
-    await waitFor(async () => (await gauge(gw)) === 0, 4000, 'the gateway to release the connection');
+    await waitFor('the bridge socket to close', () => side.socketClosed, 3000);
+    await waitFor('the gateway to release the connection', async () => (await gauge(gw)) === 0, 4000);
 
     // The same with terminate().
     const { ws: ws2 } = await open(wsUrl(gw, '/ws/orders'), { 'X-API-Key': newKey() });
-    await waitFor(() => bridge.sides.length === sidesBefore + 2, 3000, 'the bridge side');
+    await waitFor('the bridge side', () => bridge.sides.length === sidesBefore + 2, 3000);
     const side2 = bridge.sides[sidesBefore + 1]!;
     ws2.terminate();
     expect((await withTimeout(side2.closed, 4000, 'the bridge to see it closed')).code).toBe(1006);
-    await waitFor(() => side2.socketClosed, 3000, 'the bridge socket to close');
-    await waitFor(async () => (await gauge(gw)) === 0, 4000, 'the gateway to release the connection');
+    await waitFor('the bridge socket to close', () => side2.socketClosed, 3000);
+    await waitFor('the gateway to release the connection', async () => (await gauge(gw)) === 0, 4000);
   });
 
   it('leak nothing when the client leaves while the bridge is still answering the upgrade', async () => {
@@ -933,12 +921,12 @@ describe('open connections', () => {
     try {
       const ws = new WebSocket(wsUrl(late, '/ws/orders'), { headers: { 'X-API-Key': newKey() } });
       ws.on('error', () => {});
-      await waitFor(() => upgradesSeen === 1, 3000, 'the upgrade to reach the bridge');
+      await waitFor('the upgrade to reach the bridge', () => upgradesSeen === 1, 3000);
       ws.terminate();
       // The bridge accepts 300 ms after it saw the upgrade; then the gateway must let go of both sides.
       await sleep(400);
-      await waitFor(() => bridgeSockets[0]!.destroyed, 3000, 'the bridge socket to close');
-      await waitFor(async () => (await gauge(late)) === 0, 3000, 'no WebSocket counted open');
+      await waitFor('the bridge socket to close', () => bridgeSockets[0]!.destroyed, 3000);
+      await waitFor('no WebSocket counted open', async () => (await gauge(late)) === 0, 3000);
     } finally {
       await late.stop();
       for (const client of wss.clients) client.terminate();
@@ -954,7 +942,7 @@ describe('open connections', () => {
     const all = await Promise.all(
       Array.from({ length: n }, () => open(wsUrl(gw, '/ws/orders'), { 'X-API-Key': key }, 10_000)),
     );
-    await waitFor(async () => (await gauge(gw)) === n, 5000, `gauge ${n}`);
+    await waitFor(`gauge ${n}`, async () => (await gauge(gw)) === n, 5000);
     const replies = await Promise.all(
       all.map(({ ws }, i) =>
         echo(ws, `message ${i} ${randomBytes(6).toString('hex')}-${i}`, false).then(
@@ -971,7 +959,7 @@ describe('open connections', () => {
 
     for (const { ws } of all) ws.close();
     await withTimeout(Promise.all(all.map((o) => o.closed)), 5000, 'every client to close');
-    await waitFor(async () => (await gauge(gw)) === 0, 5000, 'gauge back to 0');
+    await waitFor('gauge back to 0', async () => (await gauge(gw)) === 0, 5000);
   });
 });
 
@@ -982,7 +970,7 @@ describe('shutdown', () => {
     try {
       const key = newKey('shutdown');
       const { ws, closed } = await open(wsUrl(down, '/ws/orders'), { 'X-API-Key': key });
-      await waitFor(() => slow.sides.length === 1, 3000, 'the bridge side');
+      await waitFor('the bridge side', () => slow.sides.length === 1, 3000);
       const side = slow.sides[0]!;
       expect((await echo(ws, 'before', false)).data.toString('utf8')).toBe('before');
 
@@ -998,7 +986,7 @@ describe('shutdown', () => {
         httpDoneAt = performance.now();
         return r;
       });
-      await waitFor(() => slow.httpRequests.length === 1, 3000, 'the HTTP request to reach the bridge');
+      await waitFor('the HTTP request to reach the bridge', () => slow.httpRequests.length === 1, 3000);
 
       const stopping = down.gateway.stop();
       const reply = await inFlight;
@@ -1012,7 +1000,7 @@ describe('shutdown', () => {
       expect(clientClosedAt).toBeGreaterThanOrEqual(httpDoneAt);
       expect((await withTimeout(side.closed, 5000, 'the bridge side to get a Close')).code).toBe(1001);
       await withTimeout(stopping, 8000, 'stop()');
-      await waitFor(() => slow.tcpOpen() === 0, 3000, 'every bridge socket to close');
+      await waitFor('every bridge socket to close', () => slow.tcpOpen() === 0, 3000);
     } finally {
       await down.stop();
       await slow.close();
@@ -1032,9 +1020,9 @@ describe('shutdown', () => {
       });
       void closed.then(() => events.push('close'));
       await waitFor(
+        'the raw bridge handshake',
         () => raw.sockets.length === 1 && raw.received.has(raw.sockets[0]!),
         3000,
-        'the raw bridge handshake',
       );
       const bridgeSocket = raw.sockets[0]!;
       const clientSocket = (ws as unknown as { _socket: Socket })._socket;
@@ -1044,11 +1032,11 @@ describe('shutdown', () => {
       const half = 100_000;
       const readBefore = clientSocket.bytesRead;
       bridgeSocket.write(frame.subarray(0, half));
-      await waitFor(() => clientSocket.bytesRead - readBefore >= half, 3000, 'half a frame to reach the client');
+      await waitFor('half a frame to reach the client', () => clientSocket.bytesRead - readBefore >= half, 3000);
 
       const stopping = down.gateway.stop();
       // The client-to-bridge direction is between frames: the bridge gets its 1001 at once.
-      await waitFor(() => (raw.received.get(bridgeSocket)?.length ?? 0) >= 8, 3000, 'a Close frame at the bridge');
+      await waitFor('a Close frame at the bridge', () => (raw.received.get(bridgeSocket)?.length ?? 0) >= 8, 3000);
       expect(maskedCloseCode(raw.received.get(bridgeSocket)!)).toBe(1001);
       expect(events).toEqual([]);
 
@@ -1076,14 +1064,14 @@ describe('shutdown', () => {
     });
     try {
       const { closed } = await open(wsUrl(down, '/ws/orders'), { 'X-API-Key': newKey('release') });
-      await waitFor(() => echoBridge.sides.length === 1, 3000, 'the bridge side');
+      await waitFor('the bridge side', () => echoBridge.sides.length === 1, 3000);
       const side = echoBridge.sides[0]!;
       const stopping = down.gateway.stop();
       let stoppedAt = 0;
       void stopping.then(() => (stoppedAt = performance.now()));
       expect((await withTimeout(closed, 3000, 'the client to get a Close')).code).toBe(1001);
       expect((await withTimeout(side.closed, 3000, 'the bridge to get a Close')).code).toBe(1001);
-      await waitFor(() => side.socketClosed, 3000, 'the bridge socket to close');
+      await waitFor('the bridge socket to close', () => side.socketClosed, 3000);
       const bothClosedAt = performance.now();
       // Both peers have closed their ends: the gateway sees it and stops without waiting out its 2 s bound.
       await withTimeout(stopping, 5000, 'stop()');
@@ -1103,9 +1091,9 @@ describe('regression: an upgrade in its handshake at shutdown opened after it an
     try {
       const opening = open(wsUrl(down, '/ws/orders'), { 'X-API-Key': newKey('handshake') });
       await waitFor(
+        'the bridge to get the upgrade',
         () => raw.sockets.length === 1 && raw.received.has(raw.sockets[0]!),
         3000,
-        'the bridge to get the upgrade',
       );
       const bridgeSocket = raw.sockets[0]!;
       const stopping = down.gateway.stop();
@@ -1120,7 +1108,7 @@ describe('regression: an upgrade in its handshake at shutdown opened after it an
         code: 1001,
         reason: 'gateway shutting down',
       });
-      await waitFor(() => (raw.received.get(bridgeSocket)?.length ?? 0) >= 8, 3000, 'a Close frame at the bridge');
+      await waitFor('a Close frame at the bridge', () => (raw.received.get(bridgeSocket)?.length ?? 0) >= 8, 3000);
       expect(maskedCloseCode(raw.received.get(bridgeSocket)!)).toBe(1001);
       await withTimeout(stopping, 5000, 'stop()');
     } finally {
@@ -1230,7 +1218,7 @@ const CHUNKED_REFUSAL = [
 /** The access line of the answer that carried `requestId`, once written. */
 async function accessLine(gw: TestGateway, requestId: unknown): Promise<Record<string, unknown>> {
   expect(typeof requestId).toBe('string');
-  await waitFor(() => gw.logs.some((l) => l.msg === 'request' && l.reqId === requestId), 3000, 'the access line');
+  await waitFor('the access line', () => gw.logs.some((l) => l.msg === 'request' && l.reqId === requestId), 3000);
   return gw.logs.find((l) => l.msg === 'request' && l.reqId === requestId)!;
 }
 
@@ -1318,7 +1306,7 @@ describe('regression: a bridge answering 101 without switching protocols had it 
       const answer = await refused(wsUrl(behind, '/ws/orders'), { 'X-API-Key': newKey('no-switch') });
       expect(answer.status).toBe(502);
       expect(JSON.parse(answer.body)).toEqual({ error: 'Bad Gateway', message: 'Bridge unreachable' });
-      await waitFor(() => behind.logs.some((l) => l.msg === 'bridge error'), 2000, 'the bridge error logged');
+      await waitFor('the bridge error logged', () => behind.logs.some((l) => l.msg === 'bridge error'), 2000);
       expect(behind.logs.find((l) => l.msg === 'bridge error')).toMatchObject({ bridge: 'eqt', phase: 'upgrade' });
     } finally {
       await behind.stop();
@@ -1481,7 +1469,7 @@ describe('regression: a client that reset its connection while its upgrade waite
         socket.on('error', () => {});
         await new Promise((resolve) => socket.once('connect', resolve));
         socket.write(`GET /orders HTTP/1.1\r\nHost: 127.0.0.1\r\nX-API-Key: ${key}\r\n\r\n${request}`);
-        await waitFor(() => slow.httpRequests.length === 1, 3000, 'the order to reach the bridge');
+        await waitFor('the order to reach the bridge', () => slow.httpRequests.length === 1, 3000);
         // The order's answer is still on its way (the bridge takes 600 ms): the second request waits for it.
         socket.resetAndDestroy();
         await sleep(900);
