@@ -1,8 +1,8 @@
 import type { Logger } from '../observability/logger.js';
 import type { GatewayMetrics } from '../observability/metrics.js';
-import { watchFile, type FileWatch } from '../lib/file-watcher.js';
+import { settledRead, watchFile, type FileWatch } from '../lib/file-watcher.js';
 import type { LimitTable } from '../limits/limit-table.js';
-import { readLimitsFile } from './load-limits.js';
+import { readLimitsFile, type LimitsLoad } from './load-limits.js';
 import { formatSourceError, type SourceError } from '../lib/yaml-source.js';
 
 /**
@@ -60,9 +60,11 @@ export class TableHolder {
   }
 
   async #load(trigger: ReloadTrigger): Promise<ReloadResult> {
-    const result = await readLimitsFile(this.path, this.displayName);
+    const read = (): Promise<LimitsLoad> => readLimitsFile(this.path, this.displayName);
+    // The watch may fire on an editor's write half done: refuse only a file that stays as it is.
+    const result = trigger === 'file' ? await settledRead(read, refusalOf) : await read();
     if (!result.ok) {
-      const content = result.errors.map(formatSourceError).join('\n');
+      const content = refusalOf(result)!;
       if (trigger === 'file' && content === this.#refusedContent) return result;
       this.#refusedContent = content;
       this.#metrics.reloads.labels('invalid').inc();
@@ -97,4 +99,8 @@ export class TableHolder {
     for (const listener of this.#listeners) listener(result.table, previous);
     return { ok: true, table: result.table, changed: true };
   }
+}
+
+function refusalOf(result: LimitsLoad): string | undefined {
+  return result.ok ? undefined : result.errors.map(formatSourceError).join('\n');
 }

@@ -1,5 +1,6 @@
 import { watch, type FSWatcher } from 'node:fs';
 import { stat } from 'node:fs/promises';
+import { setTimeout as pause } from 'node:timers/promises';
 import { basename, dirname } from 'node:path';
 
 /**
@@ -83,4 +84,30 @@ export function watchFile(
       watcher?.close();
     },
   };
+}
+
+/**
+ * A watched file's read, for a caller that refuses what it reads: the watch can fire while an
+ * editor's write is half done, and the half-written file is not what its author wrote. A read
+ * that `refusal` describes is read again after `pauseMs`, until two reads in a row agree (at most
+ * `reads` reads), so that a refusal is only told of a file that stays as it is (docs/operations.md
+ * "Changing limits while it serves").
+ */
+export async function settledRead<T>(
+  read: () => Promise<T>,
+  refusal: (result: T) => string | undefined,
+  options: { pauseMs?: number; reads?: number } = {},
+): Promise<T> {
+  const pauseMs = options.pauseMs ?? 150;
+  const reads = options.reads ?? 4;
+  let result = await read();
+  let last = refusal(result);
+  for (let n = 1; n < reads && last !== undefined; n++) {
+    await pause(pauseMs);
+    result = await read();
+    const now = refusal(result);
+    if (now === last) break;
+    last = now;
+  }
+  return result;
 }

@@ -4,7 +4,7 @@ import type { TableHolder } from '../config/table-holder.js';
 import { InvalidKeyGuard } from '../keys/guard.js';
 import { readKeyFile, type KeyFileLoad } from '../keys/key-file.js';
 import { KeyRegistry } from '../keys/registry.js';
-import { watchFile } from '../lib/file-watcher.js';
+import { settledRead, watchFile } from '../lib/file-watcher.js';
 import { formatSourceError } from '../lib/yaml-source.js';
 import type { LimitTable } from '../limits/limit-table.js';
 import type { Logger } from '../observability/logger.js';
@@ -148,10 +148,11 @@ function keyFileLoads(
   // last says nothing new then, as for the table. A SIGHUP, the admin reload or a new table says it again.
   let refusedErrors: string | undefined;
   let loud = false;
-  const load = async (): Promise<void> => {
+  const load = async (settle = false): Promise<void> => {
     const sayRefusal = loud;
     loud = false;
-    const result = await read();
+    // The watch may fire on an editor's write half done: refuse only a file that stays as it is.
+    const result = settle ? await settledRead(read, keyFileRefusal) : await read();
     if (!result.ok) {
       refused = true;
       const errors = result.errors.map(formatSourceError);
@@ -171,7 +172,7 @@ function keyFileLoads(
   tables.onChange((table, previous) => {
     if (refused || !samePlans(table, previous)) void reload();
   });
-  return { first: () => runs.run(loadFirst), reload, watched: () => runs.again(load), clock: runs.clock };
+  return { first: () => runs.run(loadFirst), reload, watched: () => runs.again(() => load(true)), clock: runs.clock };
 }
 
 interface SerialRuns {
@@ -237,4 +238,8 @@ function invalidKeyGuard(settings: Settings, backend: Backend, logger: Logger): 
       void backend.events.publish({ type: 'address-blocked', address, ms }).catch(() => {});
     },
   });
+}
+
+function keyFileRefusal(result: KeyFileLoad): string | undefined {
+  return result.ok ? undefined : result.errors.map(formatSourceError).join('\n');
 }

@@ -454,6 +454,35 @@ describe('a key file refused', () => {
   });
 });
 
+describe('a key file the watcher reads half written', () => {
+  it('is read again and loaded, not refused (regression: a spurious "key file refused" for an edit in progress)', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'oapi-keys-half-'));
+    const keysPath = join(dir, 'api-keys.yaml');
+    writeFileSync(keysPath, 'keys: []\n');
+    const gw = await startTestGateway({
+      limits: LIMITS,
+      dir,
+      env: { API_KEY_MODE: 'registered', API_KEYS_FILE: keysPath },
+    });
+    const said = (msg: string) => gw.logs.filter((l) => l.msg === msg).length;
+    try {
+      await new Promise((r) => setTimeout(r, 600)); // past the watch's look as it starts
+      const loadedBefore = said('key file loaded');
+      const whole = keyFile();
+      // An editor's write in two parts: the first ends inside a sha256 (a refusal, read alone).
+      writeFileSync(keysPath, whole.slice(0, whole.indexOf(sha(FILE_KEY)) + 10));
+      await new Promise((r) => setTimeout(r, 200)); // the watch reads it 150 ms after its event
+      writeFileSync(keysPath, whole);
+      await waitFor('the key file loaded', () => said('key file loaded') > loadedBefore, 3000);
+      expect(said('key file refused; the keys in force stay')).toBe(0);
+      expect((await call(gw, FILE_KEY)).status).toBe(200);
+    } finally {
+      await gw.stop();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
+
 describe('a key file entry with the id of a key issued through the admin API', () => {
   it('is refused with its line, and the issued key stays revocable at once (regression: it loaded, and DELETE answered 409)', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'oapi-keys-taken-'));

@@ -63,4 +63,42 @@ describe('TableHolder', () => {
     await new Promise((r) => setTimeout(r, 300)); // past the watch's own look (150 ms after it starts)
     expect(lines.slice(before)).toEqual([]);
   });
+
+  it('does not refuse an edit the file watch read half written (regression: a spurious "limit table refused" and invalid reload)', async () => {
+    const path = join(dir, 'half.yaml');
+    writeFileSync(path, table(5));
+    const metrics = new GatewayMetrics({ defaultMetrics: false });
+    holder = new TableHolder({ path, displayName: 'half.yaml', logger, metrics });
+    await holder.reload('start');
+    const before = lines.length;
+    const whole = table(7);
+    writeFileSync(path, whole.slice(0, whole.indexOf('per_hour'))); // an unterminated flow mapping
+    const reload = holder.reload('file'); // what the watch does on the write's first event
+    await new Promise((r) => setTimeout(r, 40));
+    writeFileSync(path, whole);
+    const result = await reload;
+    expect(result.ok).toBe(true);
+    expect(holder.current()?.rows[0]?.limits.perHour).toBe(7);
+    expect(lines.slice(before).map((l) => l.msg)).toEqual(['limit table loaded']);
+    const reloads = await metrics.registry.getSingleMetric('oapi_gateway_limits_reloads_total')?.get();
+    expect(reloads?.values.find((v) => v.labels.result === 'invalid')?.value).toBe(0);
+  });
+
+  it('refuses, once, a file the watch finds invalid and left as it is', async () => {
+    const path = join(dir, 'bad.yaml');
+    writeFileSync(path, table(5));
+    holder = new TableHolder({
+      path,
+      displayName: 'bad.yaml',
+      logger,
+      metrics: new GatewayMetrics({ defaultMetrics: false }),
+    });
+    await holder.reload('start');
+    const before = lines.length;
+    writeFileSync(path, table(5).replace('per_hour: 5', 'per_hour: -5'));
+    expect((await holder.reload('file')).ok).toBe(false);
+    expect((await holder.reload('file')).ok).toBe(false);
+    expect(lines.slice(before).map((l) => l.msg)).toEqual(['limit table refused; the table in force stays']);
+    expect(holder.current()?.rows[0]?.limits.perHour).toBe(5);
+  });
 });
