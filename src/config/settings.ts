@@ -102,6 +102,8 @@ const protocolOf = (url: string): string | undefined => urlOf(url)?.protocol;
 /** The scheme a URL is written with, valid or not (`http:` of `http://h:99999`, which names no port). */
 const schemeOf = (url: string): string => /^[A-Za-z][A-Za-z0-9+.-]*:/.exec(url)?.[0].toLowerCase() ?? '';
 const NOT_A_URL = 'is not a valid URL: check its host and port';
+/** Port 0 is no port a server listens on: every connection to it fails (a listener's `PORT=0` takes a free port). */
+const NO_PORT_ZERO = 'must name a port other than 0';
 const HOST = /^[A-Za-z0-9.:\-[\]]+$/;
 // RFC 9110 §5.1: a field name is a token.
 const HEADER_TOKEN = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
@@ -118,6 +120,7 @@ const bridgeUrl = v.pipe(
   v.transform((s) => new URL(s.trim())),
   v.check((url) => !url.username && !url.password, 'must not carry credentials'),
   v.check((url) => !url.search && !url.hash, 'must not have a query or fragment'),
+  v.check((url) => url.port !== '0', NO_PORT_ZERO),
 );
 
 const redisUrl = v.pipe(
@@ -128,6 +131,7 @@ const redisUrl = v.pipe(
   // (A text that is no URL at all has its message from the check above, and passes the two below.)
   // Without a host ioredis connects to localhost, whatever else the text says (`redis:6379`).
   v.check((s) => urlOf(s)?.hostname !== '', 'must name its host, such as redis://redis:6379'),
+  v.check((s) => urlOf(s)?.port !== '0', NO_PORT_ZERO),
   // ioredis reads the path (or a `db` parameter) as the database number, and selects NaN for any
   // other text: the first connection then ends the process with a stack trace.
   v.check((s) => {

@@ -53,6 +53,12 @@ const REFUSED: Array<[Record<string, string>, string]> = [
   // regression: ioredis connected to localhost, and `redis:6379` passed the database check with "379"
   [{ ...BRIDGES, REDIS_URL: 'redis:6379' }, 'REDIS_URL=redis:6379: must name its host, such as redis://redis:6379'],
   [{ ...BRIDGES, REDIS_URL: 'redis://' }, 'REDIS_URL=redis://: must name its host, such as redis://redis:6379'],
+  // regression: taken, and no connection could ever be made (every request a 502, or Redis away for good)
+  [
+    { ...BRIDGES, EQT_BRIDGE_URL: 'http://127.0.0.1:0' },
+    'EQT_BRIDGE_URL=http://127.0.0.1:0: must name a port other than 0',
+  ],
+  [{ ...BRIDGES, REDIS_URL: 'redis://127.0.0.1:0' }, 'REDIS_URL=redis://127.0.0.1:0: must name a port other than 0'],
   [
     { ...BRIDGES, REDIS_URL: 'redis://127.0.0.1:6379?db=two' },
     'REDIS_URL=redis://127.0.0.1:6379?db=two: the path must be a database number, such as redis://redis:6379/0',
