@@ -124,6 +124,22 @@ class BridgeClient extends Client {
  */
 const CONNECTION_CLOSED = new Set(['UND_ERR_SOCKET', 'ECONNRESET', 'EPIPE']);
 
+/** Statuses whose answer never has a body, whatever its `Content-Length` says (RFC 9110 §6.4.1). */
+const BODILESS_STATUSES: ReadonlySet<number> = new Set([204, 304]);
+
+/**
+ * undici takes a 204's or 304's `Content-Length` for a body still to come and fails the answer when
+ * none does (it makes that exception for HEAD only): the answer was whole. A 304 states there the
+ * length of the representation it validates (RFC 9110 §8.6).
+ */
+function bodilessAnswer(status: number | undefined, err: Error): boolean {
+  return (
+    status !== undefined &&
+    BODILESS_STATUSES.has(status) &&
+    (err as NodeJS.ErrnoException).code === 'UND_ERR_RES_CONTENT_LENGTH_MISMATCH'
+  );
+}
+
 export class Forwarder {
   readonly #targets: Readonly<Record<BridgeName, BridgeTarget>>;
   readonly #timeoutMs: number;
@@ -467,6 +483,10 @@ class HttpExchange {
   failed(attempt: Attempt, err: Error): void {
     // An attempt already given up (aborted, or replaced by a resend) has nothing more to say.
     if (attempt !== this.#attempt || isEnded(this.#state)) return;
+    if (bodilessAnswer(this.#status, err)) {
+      this.complete(attempt);
+      return;
+    }
     const again = resendable({
       method: this.#request.incoming.method ?? '',
       hasBody: this.#source !== 'none',

@@ -9,6 +9,7 @@ import { outputOf, waitForOutput } from './child-gateway.js';
  *  - `ok`             a complete 200 (kept alive)
  *  - `informational`  a 102 Processing and a 103 Early Hints, then the complete 200 of `ok`
  *  - `control-reason` the complete 200 of `ok`, its reason phrase holding a control character
+ *  - `not-modified`   a 304 with the `Content-Length` of the representation it validates (RFC 9110 §8.6), no body
  *  - `reset-length`   status line, Content-Length 1000, part of the body, then a TCP reset
  *  - `close-chunked`  status line, chunked, one chunk, then a plain close (FIN) with no last chunk
  *  - `silent`         reads the request and never answers
@@ -38,6 +39,9 @@ export interface FaultyBridge {
 }
 
 export const OK_BODY = '{"ok":true,"from":"faulty-bridge"}';
+
+/** Modes whose answer is whole and leaves the connection open for the next request. */
+const KEPT_ALIVE_MODES: ReadonlySet<string> = new Set(['ok', 'informational', 'control-reason', 'not-modified']);
 
 export async function startFaultyBridge(): Promise<FaultyBridge> {
   const connections: BridgeConnection[] = [];
@@ -76,7 +80,7 @@ export async function startFaultyBridge(): Promise<FaultyBridge> {
         headSeen = false;
         const asked = path.split('?')[0]?.split('/').at(-1) ?? '';
         const mode = asked === 'stale' ? (record.paths.length > 1 ? 'drop' : 'ok') : asked;
-        if (mode !== 'ok' && mode !== 'informational' && mode !== 'control-reason') stopped = true;
+        if (!KEPT_ALIVE_MODES.has(mode)) stopped = true;
         answer(socket, mode);
         if (stopped) return;
       }
@@ -114,6 +118,9 @@ function answer(socket: net.Socket, mode: string): void {
       socket.write(
         `HTTP/1.1 200 O\x01K\r\nContent-Type: application/json\r\nContent-Length: ${OK_BODY.length}\r\n\r\n${OK_BODY}`,
       );
+      return;
+    case 'not-modified':
+      socket.write('HTTP/1.1 304 Not Modified\r\nETag: "v1"\r\nContent-Length: 1000\r\n\r\n');
       return;
     case 'informational':
       socket.write('HTTP/1.1 102 Processing\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </orders>; rel=preload\r\n\r\n');

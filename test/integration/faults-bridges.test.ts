@@ -191,6 +191,23 @@ describe("regression: a bridge's reason phrase with a control character cut the 
   });
 });
 
+describe("regression: a bridge's 304 with a Content-Length cut the client's connection", () => {
+  it('passes the 304 on, headers and all; the next request works', async () => {
+    // A 304 may state the length of the representation it validates (RFC 9110 §8.6) and has no
+    // body whatever it says; undici failed the answer for the body it never got, after its head was
+    // passed on: the client's connection was closed with nothing, and the access line said 304.
+    const key = newKey();
+    const out = await order('not-modified', key);
+    expect(out.error).toBeUndefined();
+    expect(out.reply?.status).toBe(304);
+    expect(out.reply?.headers.etag).toBe('"v1"');
+    expect(out.reply?.headers['content-length']).toBe('1000');
+    expect(out.reply?.text).toBe('');
+    for (const h of USAGE_HEADER_KEYS) expect(out.reply?.headers[h], h).toBeDefined();
+    await expectServingAndCounted(key, 1);
+  });
+});
+
 describe('the one resend: a GET is sent again only after meeting a kept-alive connection the bridge had closed', () => {
   // A gateway of its own for each test: its pool has no connection to the bridge until the test opens one.
   let own: TestGateway;
