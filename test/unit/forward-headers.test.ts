@@ -155,3 +155,18 @@ describe('regression: _method in spellings PHP reads as _method (php_register_va
     },
   );
 });
+
+describe('regression: _method with a NUL in its name reached the bridge', () => {
+  // PHP registers a parameter by its name as a C string (php_register_variable_ex takes its
+  // strlen): the name ends at the first NUL, so `_method%00x` is `_method` to Symfony and Laravel.
+  it.each(['?_method%00=DELETE', '?_method%00x=PUT', '?a=1&.method%00%FF=DELETE', '?api_key%00=secret'])(
+    '%s is not forwarded',
+    (query) => {
+      expect(forwardedQuery(query)).not.toMatch(/method|api_key/);
+    },
+  );
+
+  it('keeps a parameter whose name only starts after a NUL', () => {
+    expect(forwardedQuery('?%00_method=DELETE')).toBe('?%00_method=DELETE');
+  });
+});
