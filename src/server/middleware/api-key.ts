@@ -128,9 +128,9 @@ function phpName(name: string): string {
 
 /** The query string the bridge receives: without the parameters above; the others stay byte for byte. */
 export function forwardedQuery(query: string): string {
-  // A name that reads as one of them is spelt so, or holds an escape: any other query goes as it came.
-  if (query.length <= 1 || (!query.includes('api_key') && !query.includes('method') && !query.includes('%')))
-    return query;
+  // A name that reads as one of them ends so (`api.key` is `api_key` to PHP), or holds an escape:
+  // any other query goes as it came.
+  if (query.length <= 1 || (!query.includes('key') && !query.includes('method') && !query.includes('%'))) return query;
   // Each part's name decoded as URLSearchParams decodes it, so that every spelling apiKeyFromQuery accepts is removed.
   const kept = query
     .slice(1)
