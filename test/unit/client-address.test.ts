@@ -1,0 +1,43 @@
+import type { Context } from 'hono';
+import { describe, expect, it } from 'vitest';
+import { canonicalAddress, clientAddressOf } from '../../src/server/client-address.js';
+import type { GatewayEnv } from '../../src/server/context.js';
+
+const request = (remoteAddress: string, forwardedFor?: string): Context<GatewayEnv> =>
+  ({
+    env: {
+      incoming: {
+        socket: { remoteAddress },
+        headers: forwardedFor === undefined ? {} : { 'x-forwarded-for': forwardedFor },
+      },
+    },
+  }) as unknown as Context<GatewayEnv>;
+
+describe('regression: one client counted by the invalid-key guard under several addresses', () => {
+  it.each([
+    ['198.51.100.7', '198.51.100.7'],
+    // An IPv4 client of a listener on `::` (HOST=::).
+    ['::ffff:198.51.100.7', '198.51.100.7'],
+    // A port some proxies write into X-Forwarded-For, another one for each connection.
+    ['198.51.100.7:50123', '198.51.100.7'],
+    ['[2001:db8::7]:443', '2001:db8::7'],
+    ['[2001:db8::7]', '2001:db8::7'],
+    ['[::ffff:198.51.100.7]:443', '198.51.100.7'],
+  ])('%s is %s', (written, address) => {
+    expect(canonicalAddress(written)).toBe(address);
+  });
+
+  it.each(['2001:db8::7', '::1', '::ffff:0:198.51.100.7', 'unknown', 'not:an:address:1'])(
+    '%s stays as it is',
+    (address) => {
+      expect(canonicalAddress(address)).toBe(address);
+    },
+  );
+
+  it('reads the socket address and the trusted X-Forwarded-For entry in that spelling', () => {
+    expect(clientAddressOf(0)(request('::ffff:203.0.113.9', '198.51.100.7:1'))).toBe('203.0.113.9');
+    expect(clientAddressOf(1)(request('::ffff:10.0.0.2', '192.0.2.1, 198.51.100.7:50123'))).toBe('198.51.100.7');
+    expect(clientAddressOf(2)(request('10.0.0.2', '192.0.2.1:9, 198.51.100.7:50123'))).toBe('192.0.2.1');
+    expect(clientAddressOf(1)(request('::ffff:10.0.0.2'))).toBe('10.0.0.2');
+  });
+});
