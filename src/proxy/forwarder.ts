@@ -307,6 +307,7 @@ class HttpExchange {
       framing,
       dropped: request.droppedHeaders,
       added: request.addedHeaders,
+      clientTarget: incoming.url,
     });
   }
 

@@ -124,6 +124,13 @@ export interface ForwardHeaderValues {
   readonly added?: readonly string[] | undefined;
   /** A WebSocket upgrade keeps `Connection: Upgrade` and `Upgrade`: they are the request. */
   readonly upgrade?: string | undefined;
+  /** The request target as the client sent it: an absolute-form one names the host the client used. */
+  readonly clientTarget?: string | undefined;
+}
+
+/** The authority of an absolute-form request target (`http://api.example/x` → `api.example`). */
+function absoluteAuthority(target: string): string | undefined {
+  return /^https?:\/\/([^/?#]+)/i.exec(target)?.[1];
 }
 
 /**
@@ -170,6 +177,9 @@ export function requestHeaderList(rawHeaders: readonly string[], values: Forward
     if (named.length > 0 && named.includes(field) && !PROTECTED.has(field)) continue;
     out.push(name, value);
   }
+  // RFC 9112 §3.2.2: for an absolute-form target the server ignores Host and uses the target's authority.
+  const target = values.clientTarget;
+  if (target !== undefined && !target.startsWith('/')) clientHost = absoluteAuthority(target) ?? clientHost;
   out.push('Host', values.bridgeHost);
   if (values.added) for (const field of values.added) out.push(field);
   if (values.upgrade !== undefined) out.push('Connection', 'Upgrade', 'Upgrade', values.upgrade);

@@ -143,6 +143,7 @@ export class WebSocketProxy {
       upgrade: incoming.headers.upgrade ?? 'websocket',
       dropped: request.droppedHeaders,
       added: request.addedHeaders,
+      clientTarget: incoming.url,
     });
     // http-proxy writes the upgrade request from req.headers.
     incoming.headers = headerObject(headers);

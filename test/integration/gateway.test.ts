@@ -404,6 +404,19 @@ describe('step 5: forwarding', () => {
     expect(seen.headers['x-request-id']).toBe('client-req-42');
   });
 
+  it("gives the bridge an absolute-form target's authority as X-Forwarded-Host, not Host (regression: RFC 9112 §3.2.2 says Host is ignored then)", async () => {
+    const head = await rawExchange(
+      gw.port,
+      `GET http://api.example:8443/orders/78?x=1 HTTP/1.1\r\nHost: 127.0.0.1:${gw.port}\r\n` +
+        `X-API-Key: ${newKey()}\r\nForwarded: for=203.0.113.51\r\nConnection: close\r\n\r\n`,
+    );
+    expect(head).toMatch(/^HTTP\/1\.1 200 /);
+    const seen = gw.eqt.requests.at(-1)!;
+    expect(seen.url).toBe('/orders/78?x=1');
+    expect(seen.headers['x-forwarded-host']).toBe('api.example:8443');
+    expect(seen.headers.forwarded).toBe('for=203.0.113.51, for=127.0.0.1;proto=http;host="api.example:8443"');
+  });
+
   it('gives the bridge the address it found in X-Real-IP, and appends its own element to Forwarded (regression: a client wrote both)', async () => {
     const reply = await send(gw.url, {
       path: '/orders/79',

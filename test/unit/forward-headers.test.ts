@@ -185,3 +185,19 @@ describe('regression: api_key in a spelling PHP reads as api_key reached the bri
     expect(forwardedQuery('?apikey=1&key=2&monkey=3')).toBe('?apikey=1&key=2&monkey=3');
   });
 });
+
+describe("regression: an absolute-form target's host was not the one the bridge was told", () => {
+  it('takes the authority of an absolute-form target for X-Forwarded-Host and Forwarded (RFC 9112 §3.2.2)', () => {
+    const list = requestHeaderList(['Host', 'other.example', 'Forwarded', 'for=192.0.2.1'], {
+      ...VALUES,
+      clientTarget: 'HTTP://api.example:8443/orders?x=1',
+    });
+    expect(valuesOf(list, 'x-forwarded-host')).toEqual(['api.example:8443']);
+    expect(valuesOf(list, 'forwarded')).toEqual(['for=192.0.2.1, for=198.51.100.7;proto=http;host="api.example:8443"']);
+  });
+
+  it('keeps Host for an origin-form target', () => {
+    const list = requestHeaderList(['Host', 'gw.example'], { ...VALUES, clientTarget: '/orders?x=http://a.example/' });
+    expect(valuesOf(list, 'x-forwarded-host')).toEqual(['gw.example']);
+  });
+});
