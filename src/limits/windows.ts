@@ -54,12 +54,20 @@ export class WindowCalendar {
     const windows: Windows = {
       hourStart,
       hourEnd: hourStart + 3_600_000,
-      dayStart: day.toMillis(),
-      dayEnd: day.plus({ days: 1 }).startOf('day').toMillis(),
+      dayStart: firstOf(day),
+      dayEnd: firstOf(day.plus({ days: 1 }).startOf('day')),
     };
     this.#current = windows;
     return windows;
   }
+}
+
+/**
+ * The instant a local time first comes. (luxon reads a repeated local time in the offset in force:
+ * where clocks go back from 01:00 to 00:00, as in Havana, the day would start again an hour in.)
+ */
+function firstOf(time: DateTime): number {
+  return Math.min(time.toMillis(), ...time.getPossibleOffsets().map((t) => t.toMillis()));
 }
 
 /** Whole seconds until `end`, never 0 while the window is still open. */

@@ -44,6 +44,19 @@ describe('WindowCalendar', () => {
     expect([iso(w.hourStart), iso(w.hourEnd)]).toEqual(['2025-04-05T14:30:00.000Z', '2025-04-05T15:30:00.000Z']);
   });
 
+  it('keeps one day across a midnight that comes twice (regression: in Havana, where clocks go back from 01:00 to 00:00, the day started again an hour in)', () => {
+    // 2026-11-01 01:00 at -04:00 became 00:00 at -05:00, at 05:00 UTC.
+    const havana = new WindowCalendar('America/Havana');
+    const first = havana.at(at('2026-11-01T04:30:00Z'));
+    const second = havana.at(at('2026-11-01T05:30:00Z'));
+    expect([iso(second.dayStart), iso(second.dayEnd)]).toEqual([
+      '2026-11-01T04:00:00.000Z',
+      '2026-11-02T05:00:00.000Z',
+    ]);
+    expect(second.dayStart).toBe(first.dayStart);
+    expect(havana.at(at('2026-10-31T12:00:00Z')).dayEnd).toBe(first.dayStart);
+  });
+
   it('always gives windows that hold the instant, an hour long and a day of 23 to 25 hours, in zones with odd offsets and DST', () => {
     const zones = [
       'UTC',
@@ -69,6 +82,8 @@ describe('WindowCalendar', () => {
         expect(now).toBeLessThan(w.dayEnd);
         expect(w.dayEnd - w.dayStart).toBeGreaterThanOrEqual(23 * 3_600_000);
         expect(w.dayEnd - w.dayStart).toBeLessThanOrEqual(25 * 3_600_000);
+        // Days follow one another: the day before this one ends where this one starts.
+        expect(calendar.at(w.dayStart - 1).dayEnd).toBe(w.dayStart);
       }),
       { numRuns: 3000 },
     );
