@@ -242,6 +242,8 @@ export class Limiter {
     now: number,
   ): Promise<Decision> {
     const fallback = await this.#fallback(consume);
+    // A shadow row is never refused (README "The limit table"), also where nothing can count it.
+    if (fallback.kind === 'unavailable' && shadow) return { kind: 'uncounted', allowed: true };
     if (fallback.kind !== 'counted') return fallback;
     const { counts } = fallback;
     if (counts.allowed) this.#addUnmerged({ ...consume, hour: 1, day: 1 });

@@ -492,6 +492,11 @@ describe('Limiter', () => {
     expect(await check(make('closed'), small)).toEqual({ kind: 'unavailable', allowed: false });
   });
 
+  it('admits a shadow row without counting in closed mode (regression: a row "never refused" got the 503)', async () => {
+    store.failing = new StoreUnavailableError('connection', 'down');
+    expect(await check(make('closed'), shadow)).toEqual({ kind: 'uncounted', allowed: true });
+  });
+
   it('remembers at most maxSpentEntries spent pairs; a forgotten one simply asks the store again', async () => {
     const limiter = new Limiter({ store, insurance, failureMode: 'insurance', clock, maxSpentEntries: 10 });
     const spend = async (keyHash: string): Promise<void> => {
