@@ -91,7 +91,8 @@ export async function startSandboxBridge(
 function login(kind: BridgeKind, body: Buffer, res: http.ServerResponse): void {
   let credentials: { username?: unknown; password?: unknown } = {};
   try {
-    credentials = JSON.parse(body.toString('utf8')) as typeof credentials;
+    // `null` is JSON too (`POST /auth/token` reaches here unchecked): a failed login, as any other body.
+    credentials = (JSON.parse(body.toString('utf8')) as typeof credentials | null) ?? {};
   } catch {
     // answered as a failed login below
   }
