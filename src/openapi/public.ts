@@ -259,6 +259,7 @@ function responsesOf(ws: boolean, credential: boolean): Record<string, Json> {
     '400': ref('responses', credential ? 'CredentialsBadRequest' : 'BadRequest'),
     ...gateway,
     '405': ref('responses', 'MethodNotAllowed'),
+    '408': ref('responses', 'RequestTimeout'),
     '413': ref('responses', 'ContentTooLarge'),
     ...(credential ? { '415': ref('responses', 'UnsupportedMediaType') } : {}),
     ...tail,
@@ -311,6 +312,10 @@ const HEADERS: Record<string, Json> = {
     description:
       'Whole seconds, at least 1, until the request could next be allowed (RFC 9110 §10.2.3): the reset of the spent window, or the later reset when both are spent.',
     required: true,
+    schema: { type: 'integer', minimum: 1 },
+  },
+  RetryAfterUnavailable: {
+    description: 'Whole seconds before trying again: when the instance next tries Redis, or checks the key again.',
     schema: { type: 'integer', minimum: 1 },
   },
   'WWW-Authenticate': {
@@ -393,6 +398,10 @@ const RESPONSES: Record<string, Json> = {
     errorExample(405, 'Method not allowed for this endpoint'),
     { Allow: ref('headers', 'Allow') },
   ),
+  RequestTimeout: gatewayAnswer(
+    'The request’s body did not all arrive within the gateway’s `REQUEST_TIMEOUT_MS` (30 s by default). Counted.',
+    errorExample(408, 'Request took too long to arrive'),
+  ),
   ContentTooLarge: gatewayAnswer(
     'The body is over the gateway’s limit (`MAX_BODY_BYTES`, 1 MiB by default). Counted.',
     errorExample(413, 'Request body is larger than 1048576 bytes'),
@@ -415,6 +424,7 @@ const RESPONSES: Record<string, Json> = {
   ServiceUnavailable: gatewayAnswer(
     'Rate limiting is unavailable (`REDIS_FAILURE_MODE=closed` while Redis is down), or the API key cannot be checked right now (`API keys cannot be checked right now`, with `Retry-After`): try again.',
     errorExample(503, 'Rate limiting is unavailable'),
+    { 'Retry-After': ref('headers', 'RetryAfterUnavailable') },
   ),
   GatewayTimeout: gatewayAnswer(
     'The bridge did not answer within the gateway’s upstream timeout.',

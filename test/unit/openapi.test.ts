@@ -134,6 +134,21 @@ describe('the public OpenAPI document of the shipped limits.yaml', () => {
     }
   });
 
+  it('lists the answers the gateway gives a counted request that it does not forward (regression: no 408, and no Retry-After on 503)', () => {
+    for (const operation of operations(doc).filter((o) => !o['x-websocket'])) {
+      // A body that does not all arrive within REQUEST_TIMEOUT_MS: counted, with the usage headers.
+      expect(resolve<Json>(doc, operation.responses['408']), operation.operationId).toMatchObject({
+        content: { 'application/json': { example: { error: 'Request Timeout' } } },
+      });
+    }
+    // Both 503s (REDIS_FAILURE_MODE=closed, a key that cannot be checked) carry Retry-After.
+    const unavailable = resolve<{ headers: Record<string, unknown> }>(
+      doc,
+      doc.components.responses?.ServiceUnavailable,
+    );
+    expect(resolve(doc, unavailable.headers['Retry-After'])).toMatchObject({ schema: { type: 'integer', minimum: 1 } });
+  });
+
   it('gives the exact 429 body, and a schema that admits only it', () => {
     const tooMany = resolve<{ content: Record<string, { example: unknown; schema: unknown }> }>(
       doc,
@@ -157,9 +172,9 @@ describe('the public OpenAPI document of the shipped limits.yaml', () => {
 
     const http = operationOf(doc, 'GET /orders/{id}') as OpenApiOperation;
     expect(Object.keys(http.responses).sort()).toEqual(
-      ['200', '400', '401', '404', '405', '413', '429', '502', '503', '504', 'default'].sort(),
+      ['200', '400', '401', '404', '405', '408', '413', '429', '502', '503', '504', 'default'].sort(),
     );
-    for (const status of ['400', '401', '404', '405', '413', '429', '502', '503', '504']) {
+    for (const status of ['400', '401', '404', '405', '408', '413', '429', '502', '503', '504']) {
       const response = resolve<{ content: Record<string, { example: { error: string; message: string } }> }>(
         doc,
         http.responses[status],
