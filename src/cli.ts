@@ -4,7 +4,7 @@ import { resolve } from 'node:path';
 import type { LimitTable } from './limits/limit-table.js';
 import { limitsFor } from './limits/limit-table.js';
 import { readLimitsFile } from './config/load-limits.js';
-import { apiKeyHeaderSetting, SettingsError } from './config/settings.js';
+import { openApiSettings, SettingsError } from './config/settings.js';
 import { formatSourceError } from './lib/yaml-source.js';
 import { readKeyFile } from './keys/key-file.js';
 import { newApiKey } from './keys/registry.js';
@@ -157,15 +157,15 @@ async function openapi(args: string[]): Promise<number> {
   const file = positional[0] ?? process.env.LIMITS_FILE ?? 'limits.yaml';
   const table = await readTable(file);
   if (!table) return 1;
-  let apiKeyHeader: string;
+  let settings: ReturnType<typeof openApiSettings>;
   try {
-    apiKeyHeader = apiKeyHeaderSetting();
+    settings = openApiSettings();
   } catch (err) {
     if (!(err instanceof SettingsError)) throw err;
     process.stderr.write(`oapi-gateway: ${err.message}\n`);
     return 1;
   }
-  process.stdout.write(JSON.stringify(publicOpenApi(table, { apiKeyHeader, version: VERSION }), null, 2) + '\n');
+  process.stdout.write(JSON.stringify(publicOpenApi(table, { ...settings, version: VERSION }), null, 2) + '\n');
   return 0;
 }
 

@@ -372,14 +372,21 @@ export function loadSettings(options: LoadOptions = {}): Settings {
 }
 
 /**
- * `API_KEY_HEADER` as the gateway takes it (the environment, else `config/gateway.yaml`, else its
- * default), for `npx oapi-gateway openapi`, which needs no other setting.
+ * What `npx oapi-gateway openapi` needs of the settings, which needs no other: `API_KEY_HEADER` as the
+ * gateway takes it (the environment, else `config/gateway.yaml`, else its default) and the file's
+ * `credential_routes` (as route keys), so that it prints what the admin listener's `/openapi.json` serves.
  */
-export function apiKeyHeaderSetting(env: NodeJS.ProcessEnv = process.env, cwd = process.cwd()): string {
-  const fromEnv = env.API_KEY_HEADER?.trim();
-  if (fromEnv) return fromEnv;
-  const fromFile = readConfigFile(env.GATEWAY_CONFIG, cwd).values.apiKeyHeader;
-  return typeof fromFile === 'string' ? fromFile : FIELDS.apiKeyHeader.fallback;
+export function openApiSettings(
+  env: NodeJS.ProcessEnv = process.env,
+  cwd = process.cwd(),
+): { apiKeyHeader: string; credentialRoutes: ReadonlySet<string> } {
+  const file = readConfigFile(env.GATEWAY_CONFIG, cwd);
+  const fromFile = file.values.apiKeyHeader;
+  return {
+    apiKeyHeader:
+      env.API_KEY_HEADER?.trim() || (typeof fromFile === 'string' ? fromFile : FIELDS.apiKeyHeader.fallback),
+    credentialRoutes: new Set(file.credentialRoutes.map((route) => route.key)),
+  };
 }
 
 /** The settings file: the values of the settings it sets, its routing and its credential routes (or their defaults). */

@@ -71,6 +71,20 @@ describe('npx oapi-gateway openapi', () => {
     expect(bad.stderr).toMatch(/^oapi-gateway: config\/gateway\.yaml:1:\d+: api_key_header /);
   });
 
+  it('takes credential_routes from config/gateway.yaml as the gateway does, like the admin listener’s /openapi.json (regression: the CLI always described the default two)', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'oapi-openapi-'));
+    writeFileSync(
+      join(dir, 'limits.yaml'),
+      'limits:\n  - { name: Login, route: "POST /auth/token", per_hour: 7, per_day: 70 }\n' +
+        '  - { name: Orders, route: "POST /orders", per_hour: 7, per_day: 70 }\n',
+    );
+    mkdirSync(join(dir, 'config'));
+    writeFileSync(join(dir, 'config', 'gateway.yaml'), 'credential_routes:\n  - POST /auth/token\n');
+    const doc = JSON.parse((await cli(['openapi'], {}, dir)).stdout) as OpenApiDocument;
+    expect(Object.keys(doc.paths['/auth/token']?.post?.responses ?? {})).toContain('415');
+    expect(Object.keys(doc.paths['/orders']?.post?.responses ?? {})).not.toContain('415');
+  });
+
   it('reads FILE, else $LIMITS_FILE, and takes the key header from $API_KEY_HEADER', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'oapi-openapi-'));
     const file = join(dir, 'small.yaml');
