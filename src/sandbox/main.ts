@@ -28,8 +28,10 @@ delete env.REDIS_URL;
 delete env.REDIS_CLUSTER_NODES;
 
 let gateway;
+let settings;
 try {
-  gateway = await startGateway({ settings: loadSettings({ env }) });
+  settings = loadSettings({ env });
+  gateway = await startGateway({ settings });
 } catch (err) {
   if (err instanceof SettingsError || err instanceof StartupError) {
     process.stderr.write(`oapi-gateway sandbox: ${err.message}\n`);
@@ -42,8 +44,10 @@ const issued = await gateway.registry.create(`sandbox-${Date.now()}`, undefined)
 if (!issued.created) throw new Error('could not issue the sandbox key');
 const key = issued.key;
 const base = gateway.publicUrl;
+// The header the gateway reads the key from: API_KEY_HEADER, or config/gateway.yaml's, or X-API-Key.
+const keyHeader = `-H '${settings.apiKeyHeader}: ${key}'`;
 const login = (password: string): string =>
-  `curl -i -X POST ${base}/oapi/auth/gen-secret-key/underlying -H 'X-API-Key: ${key}' -H 'Content-Type: application/json' -d '{"username":"${DEMO_USERNAME}","password":"${password}"}'`;
+  `curl -i -X POST ${base}/oapi/auth/gen-secret-key/underlying ${keyHeader} -H 'Content-Type: application/json' -d '{"username":"${DEMO_USERNAME}","password":"${password}"}'`;
 
 process.stdout.write(`
 oapi-gateway sandbox
@@ -59,7 +63,7 @@ A wrong password gets the bridge's own error body, Vietnamese text intact:
   ${login('wrong')}
 
 Call another endpoint, then see the key's usage:
-  curl -i ${base}/orders/42 -H 'X-API-Key: ${key}'
+  curl -i ${base}/orders/42 ${keyHeader}
   curl -s ${gateway.adminUrl}/admin/usage/${key} -H 'Authorization: Bearer ${adminToken}'
 
 Ctrl-C stops it.

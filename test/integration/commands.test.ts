@@ -242,6 +242,24 @@ describe('npx oapi-gateway', () => {
 });
 
 describe('npm run sandbox', () => {
+  it('prints curl commands with the key header the gateway reads (regression: X-API-Key whatever API_KEY_HEADER said, and they got 401)', async () => {
+    const child = spawn(process.execPath, [join(ROOT, 'dist/sandbox/main.js')], {
+      cwd: ROOT,
+      env: { PATH: process.env.PATH, PORT: '0', ADMIN_PORT: '0', API_KEY_HEADER: 'X-Client-Key' },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    children.push(child);
+    const out = await waitForOutput(child, outputOf(child), 'Ctrl-C stops it.');
+    const curls = out
+      .split('\n')
+      .map((l) => l.trim())
+      .filter((l) => l.startsWith('curl ') && l.includes('oapi_'));
+    expect(curls).toHaveLength(4);
+    for (const curl of curls.slice(0, 3)) expect(curl).toContain("-H 'X-Client-Key: oapi_");
+    const order = (await run('bash', ['-c', curls[2] as string])).stdout;
+    expect(order).toMatch(/^HTTP\/1\.1 200 OK/);
+  });
+
   it('prints curl commands that work as pasted', async () => {
     const child = spawn(process.execPath, [join(ROOT, 'dist/sandbox/main.js')], {
       cwd: ROOT,
