@@ -11,7 +11,8 @@ import { startSandboxBridge } from './bridge.js';
 
 const eqt = await startSandboxBridge('eqt');
 const fno = await startSandboxBridge('fno');
-const adminToken = process.env.ADMIN_TOKEN ?? randomBytes(18).toString('base64url');
+// An empty ADMIN_TOKEN is no token (the admin API would answer 403): the sandbox makes one, as when unset.
+const adminToken = process.env.ADMIN_TOKEN || randomBytes(18).toString('base64url');
 
 const env: NodeJS.ProcessEnv = {
   ...process.env,

@@ -242,6 +242,21 @@ describe('npx oapi-gateway', () => {
 });
 
 describe('npm run sandbox', () => {
+  it('makes a bearer token of its own when ADMIN_TOKEN is empty, so that the printed usage command works (regression: it printed an empty token, and got 403)', async () => {
+    const child = spawn(process.execPath, [join(ROOT, 'dist/sandbox/main.js')], {
+      cwd: ROOT,
+      env: { PATH: process.env.PATH, PORT: '0', ADMIN_PORT: '0', ADMIN_TOKEN: '' },
+      stdio: ['ignore', 'pipe', 'pipe'],
+    });
+    children.push(child);
+    const out = await waitForOutput(child, outputOf(child), 'Ctrl-C stops it.');
+    const usage = out
+      .split('\n')
+      .map((l) => l.trim())
+      .find((l) => l.startsWith('curl -s '));
+    expect(JSON.parse((await run('bash', ['-c', usage as string])).stdout)).toHaveProperty('endpoints');
+  });
+
   it('prints curl commands with the key header the gateway reads (regression: X-API-Key whatever API_KEY_HEADER said, and they got 401)', async () => {
     const child = spawn(process.execPath, [join(ROOT, 'dist/sandbox/main.js')], {
       cwd: ROOT,
