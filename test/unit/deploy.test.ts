@@ -86,6 +86,7 @@ interface ComposeService {
   readonly build?: { readonly context: string; readonly dockerfile: string };
   readonly command?: string[];
   readonly environment?: Record<string, string>;
+  readonly healthcheck?: { readonly test?: string[] };
   readonly ports?: string[];
   readonly volumes?: string[];
 }
@@ -296,6 +297,19 @@ describe('deploy/docker-compose.yml', () => {
     }
     expect(new URL(settings.redisUrl as string).hostname).toBe('redis');
     expect(compose.services.redis).toBeDefined();
+  });
+
+  it('checks the health of each bridge on its own port (regression: the image’s HEALTHCHECK, which asks the admin port, left them unhealthy)', () => {
+    const settings = settingsOf(env());
+    const dockerfile = readFileSync(join(ROOT, 'Dockerfile'), 'utf8');
+    expect(dockerfile).toMatch(/^HEALTHCHECK .*ADMIN_PORT/m);
+    for (const kind of ['eqt', 'fno'] as const) {
+      const url = settings.bridges[kind];
+      const test = compose.services[url.hostname]?.healthcheck?.test ?? [];
+      expect(test[0], url.hostname).toBe('CMD');
+      expect(test.join(' '), url.hostname).toContain(`http://127.0.0.1:${url.port}/`);
+      expect(test.join(' '), url.hostname).not.toContain('ADMIN_PORT');
+    }
   });
 
   it('keeps Redis on a volume with its append-only file: the issued API keys live only there (regression: a restart revoked them all)', () => {
