@@ -46,6 +46,11 @@ async function check(args: string[]): Promise<number> {
     if (args[i] === '--keys') keysFile = args[++i];
     else positional.push(args[i] as string);
   }
+  // A `--keys` without its file, or a second file, would be ignored and the rest said valid.
+  if ((args.includes('--keys') && !keysFile) || positional.length > 1) {
+    process.stderr.write(USAGE + '\n');
+    return 2;
+  }
   const file = positional[0] ?? process.env.LIMITS_FILE ?? 'limits.yaml';
   const table = await readTable(file);
   if (!table) return 1;

@@ -158,6 +158,16 @@ describe('npx oapi-gateway', () => {
     );
   });
 
+  it.each([
+    ['--keys without its file', ['check', 'limits.yaml', '--keys']],
+    ['a second limits file', ['check', 'limits.yaml', 'config/api-keys.example.yaml']],
+  ])('check refuses %s with the usage and exit 2 (regression: it ignored it and said valid)', async (_what, args) => {
+    const error = await runCli(args).catch((e: { code: number; stdout: string; stderr: string }) => e);
+    expect((error as { code: number }).code).toBe(2);
+    expect((error as { stdout: string }).stdout).toBe('');
+    expect((error as { stderr: string }).stderr).toMatch(/^usage:\n/);
+  });
+
   it('check accepts the shipped example key file', async () => {
     const { stdout } = await runCli(['check', 'limits.yaml', '--keys', 'config/api-keys.example.yaml']);
     expect(stdout).toContain('config/api-keys.example.yaml: 1 key, valid');
