@@ -138,11 +138,16 @@ const MAX_KEY_INPUT = 4096;
  * pasted file, two keys) or more than any key, rather than hashing a part of it.
  */
 async function onlyLine(input: NodeJS.ReadableStream): Promise<string | Error> {
-  let text = '';
+  // Decoded once whole: a chunk may end inside a character.
+  const chunks: Buffer[] = [];
+  let length = 0;
   for await (const chunk of input) {
-    text += String(chunk);
-    if (text.length > MAX_KEY_INPUT) return new Error('standard input is longer than a key');
+    const bytes = Buffer.isBuffer(chunk) ? chunk : Buffer.from(String(chunk));
+    chunks.push(bytes);
+    length += bytes.length;
+    if (length > MAX_KEY_INPUT) return new Error('standard input is longer than a key');
   }
+  const text = Buffer.concat(chunks).toString('utf8');
   const line = text.replace(/\r?\n$/, '');
   if (/[\r\n]/.test(line)) return new Error('standard input holds more than one line; give it one key');
   return line;

@@ -16,7 +16,7 @@ export function runCli(args: readonly string[], options: { cwd?: string; env?: N
 /** Runs `oapi-gateway ARGS` with `input` on its standard input; resolves with its exit code and output. */
 export function runCliWithInput(
   args: readonly string[],
-  input: string,
+  input: string | readonly Buffer[],
 ): Promise<{ code: number | null; stdout: string; stderr: string }> {
   return new Promise((resolve, reject) => {
     const child = spawn(process.execPath, [CLI, ...args], { cwd: ROOT, stdio: ['pipe', 'pipe', 'pipe'] });
@@ -26,6 +26,12 @@ export function runCliWithInput(
     child.stderr.on('data', (chunk: Buffer) => (stderr += chunk.toString()));
     child.on('error', reject);
     child.on('close', (code) => resolve({ code, stdout, stderr }));
-    child.stdin.end(input);
+    if (typeof input === 'string') child.stdin.end(input);
+    else {
+      // Parts written 600 ms apart reach the child as separate reads (once it has started: it takes ~150 ms).
+      const [first, ...rest] = input;
+      child.stdin.write(first ?? Buffer.alloc(0));
+      setTimeout(() => child.stdin.end(Buffer.concat(rest)), 600);
+    }
   });
 }

@@ -231,6 +231,14 @@ describe('npx oapi-gateway', () => {
     });
   });
 
+  it('keys hash - decodes a character split between two reads (regression: each read was decoded alone, and hashed as U+FFFD)', async () => {
+    const key = Buffer.from('clé-key\n');
+    const split = key.indexOf(0xa9); // the second byte of é
+    const result = await runCliWithInput(['keys', 'hash', '-'], [key.subarray(0, split), key.subarray(split)]);
+    const sha = createHash('sha256').update('clé-key').digest('hex');
+    expect(result).toEqual({ code: 0, stdout: `    sha256: ${sha}\n`, stderr: '' });
+  });
+
   it('keys hash - refuses empty standard input with exit 1', async () => {
     const result = await runCliWithInput(['keys', 'hash', '-'], '\n');
     expect(result).toEqual({ code: 1, stdout: '', stderr: 'keys hash -: no key on standard input\n' });
