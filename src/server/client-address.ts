@@ -28,7 +28,7 @@ const BRACKETED_IPV6 = /^\[([0-9A-Fa-f:.]+)\](?::\d{1,5})?$/;
 
 /**
  * One client address in one spelling, so that the invalid-key guard counts a client once and a
- * block names it as the operator knows it (README "Guessing"): an IPv4 client of a listener on
+ * block names it as the operator knows it (README "API keys and plans"): an IPv4 client of a listener on
  * `::` is `::ffff:198.51.100.7` to Node, and some proxies write the client's port into
  * `X-Forwarded-For` (`198.51.100.7:50123`, `[2001:db8::7]:443`), another one on each connection.
  */
