@@ -67,7 +67,7 @@ async function stillServes(): Promise<void> {
 }
 
 describe('a client that sends its headers slowly', () => {
-  it('gets a two-field 408 or a closed connection soon after HEADERS_TIMEOUT_MS, and nothing is forwarded', async () => {
+  it('gets the two-field 408 soon after HEADERS_TIMEOUT_MS, its connection closed, and nothing is forwarded (the test took a bare close, or any message, as well)', async () => {
     const before = gw.eqt.requests.length;
     const key = newKey();
     const socket = await rawConnect(gw.port);
@@ -89,11 +89,10 @@ describe('a client that sends its headers slowly', () => {
     expect(closedAt, 'the gateway never closed the slow connection').toBeDefined();
     expect(closedAt as number).toBeGreaterThanOrEqual(HEADERS_TIMEOUT_MS - 50);
     expect(closedAt as number).toBeLessThan(HEADERS_TIMEOUT_MS * 4);
+    // README "Headers and answers": a request too slow to arrive gets the two-field 408, not a bare close.
     const raw = Buffer.concat(received).toString('utf8');
-    if (raw.length > 0) {
-      expect(raw).toMatch(/^HTTP\/1\.1 408 /);
-      expect(rawBody(raw)).toEqual({ error: 'Request Timeout', message: expect.any(String) as string });
-    }
+    expect(raw).toMatch(/^HTTP\/1\.1 408 /);
+    expect(rawBody(raw)).toEqual({ error: 'Request Timeout', message: 'Request took too long to arrive' });
     expect(gw.eqt.requests.length).toBe(before);
     expect(await usedOnAllRows(key)).toBe(0);
     await stillServes();
