@@ -479,9 +479,10 @@ describe('a client that stops sending its body, and a bridge that stops reading 
     const socket = net.connect({ port: Number(new URL(strict.url).port), host: '127.0.0.1', allowHalfOpen: true });
     socket.on('error', () => {});
     socket.setEncoding('latin1');
-    const seen = { received: '', ended: false };
+    const seen = { received: '', ended: false, closed: false };
     socket.on('data', (chunk: string) => (seen.received += chunk));
     socket.on('end', () => (seen.ended = true));
+    socket.on('close', () => (seen.closed = true));
     socket.write(
       `POST ${path} HTTP/1.1\r\nHost: x\r\nX-API-Key: ${newKey()}\r\nContent-Length: ${contentLength}\r\n\r\n${'x'.repeat(10)}`,
     );
@@ -501,6 +502,18 @@ describe('a client that stops sending its body, and a bridge that stops reading 
         'the bridge connection of the stalled request to close',
         () => carrier().length === 1 && carrier().every((c) => c.closed),
         4000,
+      );
+      // The client's connection: the gateway closes its side, and lets go of the socket LINGER_MS
+      // later, after which what the client still sends meets a reset.
+      await waitFor('the gateway to close its side', () => seen.ended, 4000);
+      await waitFor(
+        'the gateway to let go of the client connection',
+        () => {
+          if (!socket.destroyed) socket.write('x');
+          return seen.closed;
+        },
+        5000,
+        100,
       );
     } finally {
       socket.destroy();
