@@ -79,7 +79,17 @@ describe('two gateway instances on one Redis', () => {
       ),
     );
     agent.destroy();
-    for (const key of keys) expect(replies.filter((r) => r.key === key && r.status === 200)).toHaveLength(10);
+    for (const key of keys) {
+      const statuses = replies.filter((r) => r.key === key).map((r) => r.status);
+      expect(statuses.filter((status) => status === 200)).toHaveLength(10);
+      expect(statuses.filter((status) => status === 429)).toHaveLength(15);
+      // The 15 refusals spent nothing: Redis holds the 10 admitted, in both windows.
+      const usage = await send(a.adminUrl, { path: `/admin/usage/${key}`, headers: authHeader() });
+      const row = usage
+        .json<{ endpoints: Array<{ route: string; hour: { used: number }; day: { used: number } }> }>()
+        .endpoints.find((e) => e.route === 'GET /orders/{id}');
+      expect(row).toMatchObject({ hour: { used: 10 }, day: { used: 10 } });
+    }
   });
 
   it('refuse, on the second instance, a key the first one spent', async () => {

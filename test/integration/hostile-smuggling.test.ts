@@ -510,8 +510,8 @@ describe('requests Node would answer on its own', () => {
   });
 });
 
-describe('every refusal over a real socket', () => {
-  it('leaves the gateway serving and shaped two-field bodies only', async () => {
+describe('a refusal over a real socket', () => {
+  it('is a two-field body, and leaves the gateway serving', async () => {
     const reply = await send(gw.url, { path: '/nowhere', headers: { 'X-API-Key': newKey() }, agent: false });
     expect(reply.status).toBe(404);
     expectTwoFields(reply);

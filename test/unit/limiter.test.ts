@@ -488,8 +488,14 @@ describe('Limiter', () => {
 
   it('admits without counting in open mode, and answers unavailable in closed mode', async () => {
     store.failing = new StoreUnavailableError('timeout', 'slow');
-    expect(await check(make('open'), small)).toEqual({ kind: 'uncounted', allowed: true });
+    const open = make('open');
+    for (let i = 0; i < 5; i++) expect(await check(open, small)).toEqual({ kind: 'uncounted', allowed: true });
     expect(await check(make('closed'), small)).toEqual({ kind: 'unavailable', allowed: false });
+    // Nothing of them was counted anywhere, nor is merged once the store is back.
+    store.failing = undefined;
+    clock.advance(1000);
+    expect(counted(await check(open, small))).toMatchObject({ allowed: true, source: 'store', hour: { used: 1 } });
+    expect(store.merges).toEqual([]);
   });
 
   it('admits a shadow row without counting in closed mode (regression: a row "never refused" got the 503)', async () => {
