@@ -1457,7 +1457,7 @@ describe('regression: a client that reset its connection while its upgrade waite
     CONNECT: 'CONNECT 127.0.0.1:22 HTTP/1.1\r\nHost: 127.0.0.1:22\r\n\r\n',
   };
   for (const [name, request] of Object.entries(handedOver)) {
-    it(`(${name}) is destroyed, and the gateway goes on serving`, async () => {
+    it(`(${name}): the reset is no uncaught error, and the gateway goes on serving`, async () => {
       const slow = await startBridge({ httpDelayMs: 600 });
       const behind = await startTestGateway({ limits: LIMITS, env: { ...FAST_ENV, EQT_BRIDGE_URL: slow.url } });
       const uncaught: unknown[] = [];
