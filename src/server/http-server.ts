@@ -127,7 +127,10 @@ export function createPublicServer(
 ): PublicServer {
   const refuse = refusals(observe, corsOfRequests(settings.corsOrigins));
   const order = servingInOrder(app, settings.maxHeaderCount, refuse, observe.logger);
-  const server = http.createServer(serverOptions(settings));
+  const server: http.Server = http.createServer({
+    ...serverOptions(settings),
+    ServerResponse: closingWhenNotListening(() => server.listening),
+  });
   // Every header line the parser reads is kept, so the framing it used is framing the gateway sees;
   // MAX_HEADER_COUNT bounds them instead (the gate).
   server.maxHeadersCount = 0;
@@ -245,6 +248,23 @@ function fetchKeepingWrittenHead(app: Hono<GatewayEnv>): Hono<GatewayEnv>['fetch
       outgoing?.headersSent ? RESPONSE_ALREADY_SENT : response,
     );
   };
+}
+
+/**
+ * docs/operations.md "Shutdown": once the listener stops accepting, kept-alive connections close as
+ * their last answer completes. Such an answer says so (`Connection: close`, whatever writes it: the
+ * forwarder, the gateway's own answers, node-server): one that said `keep-alive` had the client send
+ * its next request on a connection about to close, to meet a reset it cannot tell from a request
+ * lost on its way (and must not send again unless idempotent).
+ */
+function closingWhenNotListening(listening: () => boolean): typeof http.ServerResponse {
+  class ClosingResponse extends http.ServerResponse {
+    override writeHead(...args: [number, ...unknown[]]): this {
+      if (!listening()) this.shouldKeepAlive = false;
+      return super.writeHead(...(args as Parameters<http.ServerResponse['writeHead']>));
+    }
+  }
+  return ClosingResponse as typeof http.ServerResponse;
 }
 
 function serverOptions(settings: ServerSettings): http.ServerOptions {

@@ -164,6 +164,37 @@ describe.each([
   });
 });
 
+describe('an answer completed during the shutdown', () => {
+  // docs/operations.md "Shutdown": kept-alive connections close as their last answer completes. An
+  // answer that still said `keep-alive` had the client send its next request on that connection,
+  // to meet a reset (regression: the second request of a kept-alive client was lost, ECONNRESET).
+  it('says Connection: close, so the client does not send its next request on that connection', async () => {
+    const gw = await startProcess({ SHUTDOWN_TIMEOUT_MS: '5000' });
+    const { port, hostname } = new URL(gw.url);
+    const socket = net.connect(Number(port), hostname);
+    let received = '';
+    socket.on('data', (chunk: Buffer) => (received += chunk.toString('latin1')));
+    socket.on('error', () => {});
+    let closed = false;
+    socket.once('close', () => (closed = true));
+    await new Promise((r) => socket.once('connect', r));
+    // The first answer on the connection, before the shutdown, keeps it alive.
+    socket.write('GET /orders/1 HTTP/1.1\r\nHost: x\r\nX-API-Key: kept\r\n\r\n');
+    await waitFor('the first answer', () => received.includes('{"slow":true}'), 3000);
+    expect(received).toMatch(/\r\nConnection: keep-alive\r\n/i);
+    received = '';
+    socket.write('GET /orders/2?delay=600 HTTP/1.1\r\nHost: x\r\nX-API-Key: kept\r\n\r\n');
+    await sleep(200);
+    gw.child.kill('SIGTERM');
+    await waitFor('the answer in flight', () => received.includes('{"slow":true}'), 3000);
+    expect(received).toMatch(/^HTTP\/1\.1 200 /);
+    expect(received).toMatch(/\r\nConnection: close\r\n/i);
+    expect(received).not.toMatch(/keep-alive/i);
+    await waitFor('the gateway to close the connection', () => closed, 3000);
+    expect(await gw.exited).toBe(0);
+  });
+});
+
 describe.each(['SIGTERM', 'SIGINT'] as const)('%s sent twice', (signal) => {
   // Under `npm start` a signal to the process group (Ctrl-C, systemd's default KillMode) reaches the
   // gateway twice: from the group, and from npm passing it on.
