@@ -55,7 +55,16 @@ export async function startAdminServer(
   });
   await listen(server, settings.adminPort, settings.adminHost, ADMIN_SETTINGS, logger);
   closers.add('admin listener', async () => {
-    await new Promise<void>((resolve) => server.close(() => resolve()));
+    // Node stops its header and request timeouts once the server closes: a request begun and never
+    // finished would hold the shutdown for ever. Its requests in flight get SHUTDOWN_TIMEOUT_MS, as
+    // the public listener's do; connections kept alive close as they become idle.
+    let closed = false;
+    server.close(() => (closed = true));
+    const deadline = Date.now() + settings.shutdownTimeoutMs;
+    while (!closed && Date.now() < deadline) {
+      server.closeIdleConnections();
+      await new Promise((resolve) => setTimeout(resolve, 25));
+    }
     server.closeAllConnections();
   });
   return listening(server);

@@ -346,3 +346,26 @@ describe('a request that outlasts SHUTDOWN_TIMEOUT_MS', () => {
     expect(await inFlight).toBe('socket hang up');
   });
 });
+
+describe('an admin request that never completes', () => {
+  // Node stops its header and request timeouts once a server closes, and the admin listener's
+  // close waited for every connection with a request begun (regression: a client that sent half
+  // its request to /metrics held the shutdown, and the process never exited).
+  it('is cut off at SHUTDOWN_TIMEOUT_MS and the process still exits 0', async () => {
+    const gw = await startProcess({ SHUTDOWN_TIMEOUT_MS: '300' });
+    const { port, hostname } = new URL(gw.adminUrl);
+    const socket = net.connect(Number(port), hostname);
+    socket.on('error', () => {});
+    let closed = false;
+    socket.once('close', () => (closed = true));
+    await new Promise((r) => socket.once('connect', r));
+    socket.write('GET /metrics HTTP/1.1\r\nHost: x\r\n');
+    await sleep(100);
+    const stopAt = Date.now();
+    gw.child.kill('SIGTERM');
+    expect(await gw.exited).toBe(0);
+    expect(Date.now() - stopAt).toBeLessThan(3000);
+    expect(gw.log()).toContain('"msg":"gateway stopped"');
+    await waitFor('the admin connection to be closed', () => closed, 1000);
+  });
+});
