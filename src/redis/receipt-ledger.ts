@@ -97,6 +97,13 @@ export class ReceiptLedger {
   readonly #undoing = new Set<number>();
   /** Whether #sendHeldBackUndos() is sending, and was told again meanwhile. */
   #heldBack: 'idle' | 'sending' | 'again' = 'idle';
+  /**
+   * On a single Redis, an undo timed out on the connection that is still up: Redis is stalled, and
+   * what is sent queues behind it. A round then sends one undo, which tries it, and the others only
+   * once one is answered (or a new connection is ready): one undo of every call in doubt each round
+   * would pile up there, more each round, for as long as the stall lasts.
+   */
+  #stalled = false;
 
   /** `downMasters`: on a Cluster, the masters taken as away, to which no undo is sent but the one a second that tries them. */
   constructor(client: RedisClient, options: { readonly downMasters?: DownMasters } = {}) {
@@ -107,7 +114,10 @@ export class ReceiptLedger {
     client.on('ready', this.#onReady);
   }
 
-  readonly #onReady = (): void => void this.reconcile();
+  readonly #onReady = (): void => {
+    this.#stalled = false;
+    void this.reconcile();
+  };
 
   /** Calls whose units may still have to be taken back. */
   get inDoubt(): number {
@@ -229,12 +239,21 @@ export class ReceiptLedger {
     // Each call is settled as soon as its own undo is through: one counter on a Cluster node that
     // is down holds back no other. What fails is tried again by the timer, or on 'ready'; a call
     // of a master taken as away waits, but for the one undo a second that tries the master.
-    this.#reconciling ??= Promise.all(
-      [...this.#inDoubt].flatMap(([seq, call]) => (this.#behindMasterAway(call) ? [] : [this.#undo(seq, call)])),
-    ).then(() => {
+    this.#reconciling ??= this.#round().then(() => {
       this.#reconciling = undefined;
     });
     return this.#reconciling;
+  }
+
+  /** One round of undos: every call in doubt's, or behind a stalled Redis the first's, and the others' once it is answered. */
+  async #round(): Promise<void> {
+    const calls = [...this.#inDoubt].filter(([, call]) => !this.#behindMasterAway(call));
+    if (this.#stalled && calls.length > 0) {
+      const [seq, call] = calls.shift() as [number, DoubtfulCall];
+      await this.#undo(seq, call);
+      if (this.#stalled) return;
+    }
+    await Promise.all(calls.map(([seq, call]) => this.#undo(seq, call)));
   }
 
   /**
@@ -258,12 +277,15 @@ export class ReceiptLedger {
           this.#client.oapiUndo(key, this.#field, seq).catch((err: unknown) => this.#undoFailed(key, err)),
         ),
       );
-    } catch {
+    } catch (err) {
       // Redis is away again (or the undo timed out behind a slow Redis, where it still runs): tried again later.
+      // A refusal (out of memory) is an answer: the connection is not stalled.
+      this.#stalled = !this.#downMasters && this.#client.status === 'ready' && toStoreError(err).kind === 'timeout';
       return;
     } finally {
       this.#undoing.delete(seq);
     }
+    this.#stalled = false;
     if (this.#inDoubt.delete(seq)) this.#settle(seq);
     // Its masters answered: one taken as away is back.
     for (const key of call.keys) this.#downMasters?.answered(key);

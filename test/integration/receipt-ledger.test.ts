@@ -371,6 +371,40 @@ describe('ReceiptLedger: when it reconciles', () => {
     await own.stop();
   });
 
+  it('sends one undo a round, not one per call in doubt, while its undos time out on a connection that stays up (regression: behind a stalled Redis every round queued another undo of every call, and the commands piled up quadratically)', async () => {
+    const own = await ownRedis();
+    const quick = await connectedClient(own.url, 100);
+    const direct = redisClient(own.url);
+    const ledger = new ReceiptLedger(quick);
+    const calls = 20;
+    const doubtful: Receipt[] = [];
+    for (let i = 0; i < calls; i++) {
+      const receipt = ledger.issue();
+      await count(quick, receipt, [`stalled${i}`]);
+      doubtful.push(receipt);
+    }
+    await direct.config('RESETSTAT');
+    // Redis stops answering (a host frozen or cut off without a reset): the connection stays up.
+    process.kill(own.pid, 'SIGSTOP');
+    try {
+      for (const [i, receipt] of doubtful.entries()) ledger.failed(receipt, { keys: [`stalled${i}`] }, connectionLost);
+      await new Promise((r) => setTimeout(r, 2100)); // four rounds
+    } finally {
+      process.kill(own.pid, 'SIGCONT');
+    }
+    await until(() => ledger.inDoubt === 0, 2000);
+    expect(ledger.inDoubt).toBe(0);
+    for (let i = 0; i < calls; i++) expect(await direct.hget(`stalled${i}`, 'hc')).toBe('0');
+    const stats = await direct.info('commandstats');
+    const undos = [...stats.matchAll(/^cmdstat_(?:eval|evalsha):calls=(\d+)/gm)].reduce((n, m) => n + Number(m[1]), 0);
+    // Each call's undo at once, one a round behind the stall, and each once more when Redis answers again.
+    expect(undos).toBeLessThanOrEqual(2 * calls + 6);
+    ledger.close();
+    direct.disconnect();
+    quick.disconnect();
+    await own.stop();
+  });
+
   it('keeps a call in doubt when Redis refuses its undo for another reason than a key of another type (out of memory)', async () => {
     const own = await ownRedis();
     const c = createRedisClient({ url: own.url, commandTimeoutMs: 1000 });
