@@ -83,15 +83,17 @@ async function redisBackend(settings: Settings, options: BackendOptions, closers
     ),
   );
   watchConnection(redis, settings.redisFailureMode, logger);
-  const database = watchDatabase(redis, logger);
-  if (!(await connectWithin(redis, Math.max(2000, settings.redisTimeoutMs * 10)))) {
+  const setting = settings.redisClusterNodes ? 'REDIS_CLUSTER_NODES' : 'REDIS_URL';
+  const refusals = watchSettingRefusals(redis, setting, logger);
+  const reachable = await connectWithin(redis, Math.max(2000, settings.redisTimeoutMs * 10));
+  const refused = refusals.started();
+  if (refused) throw new StartupError(`${setting}: ${refused}`, 'setting');
+  if (!reachable) {
     logger.warn(
       { mode: settings.redisFailureMode },
       'redis is not reachable at start-up; serving in failure mode until it is',
     );
   }
-  const refused = database.started();
-  if (refused) throw new StartupError(`REDIS_URL: ${refused}`, 'setting');
   const subscriber = createSubscriber(target);
   closers.add('redis subscriber', () => subscriber.disconnect());
   subscriber.on('error', () => {});
@@ -154,17 +156,28 @@ function watchConnection(redis: RedisClient, mode: FailureMode, logger: Logger):
 }
 
 /**
- * ioredis goes on in database 0 when it cannot select the database REDIS_URL names (one the server
- * does not have): the counters and issued keys would be another database's, and nothing would say
- * so. At start-up that is a wrong REDIS_URL (README "Running it"); on a reconnect, an error line.
+ * What Redis refuses of its setting. ioredis goes on in database 0 when it cannot select the
+ * database REDIS_URL names (one the server does not have): the counters and issued keys would be
+ * another database's, and nothing would say so. At start-up that is a wrong REDIS_URL (README
+ * "Running it"); later, an error line. Credentials it refuses (`WRONGPASS`, `NOAUTH`) keep the
+ * gateway in failure mode until it takes them (a user may be enabled after the gateway starts):
+ * an error line, once until the connection is ready again.
  */
-function watchDatabase(redis: RedisClient, logger: Logger): { started(): string | undefined } {
+function watchSettingRefusals(redis: RedisClient, setting: string, logger: Logger): { started(): string | undefined } {
   let starting = true;
   let refused: string | undefined;
+  let told: string | undefined;
+  redis.on('ready', () => (told = undefined));
   redis.on('error', (err: Error & { command?: { name?: string; args?: unknown[] } }) => {
-    if (err.command?.name !== 'select') return;
-    refused = `database ${String(err.command.args?.[0])} cannot be selected (${err.message})`;
-    if (!starting) logger.error(`REDIS_URL: ${refused}; redis counts in database 0 now`);
+    if (err.command?.name === 'select') {
+      refused = `database ${String(err.command.args?.[0])} cannot be selected (${err.message})`;
+      if (!starting) logger.error(`${setting}: ${refused}; redis counts in database 0 now`);
+    } else if (/^(?:WRONGPASS|NOAUTH)\b/.test(err.message) && told !== err.message) {
+      told = err.message;
+      logger.error(
+        `${setting}: redis refused the credentials (${err.message}); serving in failure mode until it takes them`,
+      );
+    }
   });
   return {
     started: () => {

@@ -11,7 +11,7 @@ import {
   type GatewayPair,
   type TestGateway,
 } from '../helpers/gateway.js';
-import { waitFor } from '../helpers/faults.js';
+import { sleep, waitFor, waitReady } from '../helpers/faults.js';
 import { expectTwoFields, send } from '../helpers/http.js';
 import {
   connectedClient,
@@ -660,6 +660,31 @@ describe('regression: an events channel the Redis user may not subscribe to went
       expect(gw.logs.filter((l) => l.level === 'error')).toEqual([]);
     } finally {
       inspector.disconnect();
+      await gw.stop();
+      await redis.stop();
+    }
+  });
+
+  it('regression: credentials Redis refuses are logged as an error naming REDIS_URL, once while they stay refused (they were at debug level only)', async () => {
+    const { redis, url, admin } = await startRedisWithUser('allchannels', 'off');
+    const gw = await startTestGateway({ limits: LIMITS, redis: url });
+    const told = () =>
+      gw.logs.filter(
+        (l) =>
+          l.level === 'error' &&
+          l.msg ===
+            'REDIS_URL: redis refused the credentials (WRONGPASS invalid username-password pair or user is disabled.); serving in failure mode until it takes them',
+      ).length;
+    try {
+      await waitFor('the refusal logged', () => told() === 1, 5000);
+      // Reconnects come at most 2 s apart (README "When Redis is away"): two or more are refused meanwhile.
+      await sleep(4500);
+      expect(told()).toBe(1);
+      expect(gw.logText()).not.toContain('gateway-password');
+      await admin.call('ACL', 'SETUSER', 'gateway', 'on');
+      await waitReady(gw, 8000); // it took them, unasked
+    } finally {
+      admin.disconnect();
       await gw.stop();
       await redis.stop();
     }
