@@ -259,9 +259,10 @@ function fetchKeepingWrittenHead(app: Hono<GatewayEnv>): Hono<GatewayEnv>['fetch
  */
 function closingWhenNotListening(listening: () => boolean): typeof http.ServerResponse {
   class ClosingResponse extends http.ServerResponse {
-    override writeHead(...args: [number, ...unknown[]]): this {
+    // Three parameters, as Node's own writeHead has (its reason is optional): no rest array per answer.
+    override writeHead(statusCode: number, reason?: unknown, headers?: unknown): this {
       if (!listening()) this.shouldKeepAlive = false;
-      return super.writeHead(...(args as Parameters<http.ServerResponse['writeHead']>));
+      return super.writeHead(statusCode, reason as string, headers as http.OutgoingHttpHeaders);
     }
   }
   return ClosingResponse as typeof http.ServerResponse;
