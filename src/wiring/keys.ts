@@ -60,10 +60,17 @@ export async function assembleKeys(
   // the id) may take the id of one of its entries: the file is read again and refused, saying so,
   // once per such set of ids (README "API keys and plans").
   let takenIds = registry.idsOfBoth().join(',');
+  let issuedIds = registry.issuedIds();
   registry.onRefreshed(() => {
     const taken = registry.idsOfBoth().join(',');
     if (taken !== takenIds && taken !== '') void reloadKeyFile();
     takenIds = taken;
+    // A file refused for the id of an issued key is read again once that key is revoked, as it is once a
+    // table brings a plan it lacked: it would otherwise stay refused until its next edit. Read as the
+    // watcher reads it, a refusal found again is not told again, and a file unchanged says nothing.
+    const ids = registry.issuedIds();
+    if ([...issuedIds].some((id) => !ids.has(id))) void keyFile.watched();
+    issuedIds = ids;
   });
   registry.startPolling(ISSUED_KEYS_POLL_MS);
   // Keys that could not be read at start-up (docs/operations.md "Redis") are read as soon as Redis is back.

@@ -527,6 +527,43 @@ describe('a key file entry with the id of a key issued through the admin API', (
   });
 });
 
+describe('regression: a key file refused for the id of an issued key stayed refused once that key was revoked', () => {
+  it('is read again when the issued key is revoked, on every instance, and its entry passes', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'oapi-keys-freed-'));
+    const keysPath = join(dir, 'api-keys.yaml');
+    writeFileSync(keysPath, keyFile());
+    const env = { API_KEY_MODE: 'registered', API_KEYS_FILE: keysPath, INVALID_KEY_MAX_ATTEMPTS: '10000' };
+    const pair = await startGatewayPair({ limits: LIMITS, dir, env, label: 'keys-freed' });
+    const { a, b } = pair;
+    try {
+      expect((await issue(a, 'moving')).status).toBe(201);
+      // The client moves to a key of the key file under the same id: the file is refused while the issued key lives.
+      const fileKey = 'file-moving-key-0123456789';
+      writeFileSync(keysPath, keyFile(`  - id: moving\n    sha256: ${sha(fileKey)}\n`));
+      const refused = (gw: TestGateway) => gw.logs.some((l) => l.msg === 'key file refused; the keys in force stay');
+      await waitFor('both instances to refuse the key file', () => refused(a) && refused(b), 5000);
+      // Past the watch's polls, which may read the write once more.
+      await new Promise((r) => setTimeout(r, 1000));
+      expect((await call(b, fileKey)).status).toBe(401);
+      const revoked = await send(a.adminUrl, { method: 'DELETE', path: '/admin/keys/moving', headers: authHeader() });
+      expect(revoked.status).toBe(204);
+      // Nothing else touches the file: the revocation alone lets it in, on both instances.
+      for (const gw of [a, b]) {
+        let status = 401;
+        const deadline = Date.now() + 3000;
+        while (status !== 200 && Date.now() < deadline) {
+          status = (await call(gw, fileKey)).status;
+          if (status !== 200) await new Promise((r) => setTimeout(r, 50));
+        }
+        expect(status).toBe(200);
+      }
+    } finally {
+      await pair.stop();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
+
 describe('regression: an issued id read after the key file, that an entry of the file takes, was not told until the file changed', () => {
   it('has the instance read its key file again and log the refusal with the entry, once', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'oapi-keys-later-'));
