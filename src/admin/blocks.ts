@@ -1,5 +1,6 @@
 import { Hono } from 'hono';
 import type { AdminDeps } from './app.js';
+import { canonicalAddress } from '../lib/address.js';
 import { announce, refusal } from './common.js';
 
 /**
@@ -10,7 +11,8 @@ export function blocksApp(deps: AdminDeps): Hono {
   const app = new Hono();
   app.get('/', (c) => c.json({ blocks: deps.guard.blocks() }));
   app.delete('/:address', async (c) => {
-    const address = c.req.param('address');
+    // In the guard's spelling: `::ffff:198.51.100.7` unblocks `198.51.100.7`.
+    const address = canonicalAddress(c.req.param('address'));
     if (!(await deps.guard.unblock(address))) return refusal(c, 404, `Address ${address} is not blocked`);
     await announce(
       deps,

@@ -1,6 +1,7 @@
 import type { Context } from 'hono';
 import { describe, expect, it } from 'vitest';
-import { canonicalAddress, clientAddressOf } from '../../src/server/client-address.js';
+import { canonicalAddress } from '../../src/lib/address.js';
+import { clientAddressOf } from '../../src/server/client-address.js';
 import type { GatewayEnv } from '../../src/server/context.js';
 
 const request = (remoteAddress: string, forwardedFor?: string): Context<GatewayEnv> =>
