@@ -3,7 +3,6 @@ import { sha256Hex } from '../lib/hash.js';
 import { limitsFor } from '../limits/limit-table.js';
 import { secondsUntil } from '../limits/windows.js';
 import type { AdminDeps } from './app.js';
-import { StoreUnavailableError } from '../limits/store.js';
 import { announce, refusal, withTable } from './common.js';
 
 /**
@@ -23,7 +22,7 @@ export function usageApp(deps: AdminDeps): Hono {
 function issuedKeysOnly(deps: AdminDeps): MiddlewareHandler {
   return async function issuedKeysOnly(c, next) {
     const issued = await deps.registry.resolve(sha256Hex(c.req.param('apiKey') ?? ''));
-    if (issued === 'unavailable') throw new StoreUnavailableError('connection', 'issued keys cannot be read');
+    if (issued === 'unavailable') return refusal(c, 503, 'Key store unavailable');
     if (issued === 'not-issued') return refusal(c, 404, 'No issued key is this key');
     await next();
   };

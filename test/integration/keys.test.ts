@@ -945,6 +945,10 @@ describe('a gateway started while Redis is down (API_KEY_MODE=registered)', () =
         });
         expect(usage.status).toBe(503);
         expect(expectTwoFields(usage)).toEqual({ error: 'Service Unavailable', message: 'Key store unavailable' });
+        // By the key itself too: what cannot be read is whether it was issued (regression: "Counter store unavailable").
+        const byKey = await send(gw.adminUrl, { method, path: `/admin/usage/${key}`, headers: authHeader() });
+        expect(byKey.status).toBe(503);
+        expect(expectTwoFields(byKey)).toEqual({ error: 'Service Unavailable', message: 'Key store unavailable' });
       }
       // Far more attempts than the guard allows: none is a guess.
       for (const apiKey of [key, key, key, key, 'made-up-key', 'made-up-key']) {
