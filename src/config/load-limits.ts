@@ -216,8 +216,8 @@ function readPlans(plans: Table['plans'], rows: readonly DraftRow[], issues: Iss
     let overflow = false;
     const limits = rows.map((row) => {
       const override = overrides.get(row.index);
-      const perHour = override?.perHour ?? Math.max(1, Math.floor(row.limits.perHour * plan.scale));
-      const perDay = override?.perDay ?? Math.max(1, Math.floor(row.limits.perDay * plan.scale));
+      const perHour = override?.perHour ?? Math.max(1, scaled(row.limits.perHour, plan.scale));
+      const perDay = override?.perDay ?? Math.max(1, scaled(row.limits.perDay, plan.scale));
       // A scaled number is a limit like any other: a positive integer (README "The limit table"),
       // not a float past 2^53 or Infinity. Said once per plan, at its scale.
       const past = (
@@ -245,6 +245,18 @@ function readPlans(plans: Table['plans'], rows: readonly DraftRow[], issues: Iss
     result.set(name, { name, limits });
   }
   return result;
+}
+
+/**
+ * `n` × `scale` rounded down, `scale` taken as the decimal it is written as: a float product is
+ * off by a hair for most scales (100 × 2.3 is 229.99999999999997), and rounding it down lost a unit.
+ */
+function scaled(n: number, scale: number): number {
+  const [digits = '', exponent = '0'] = String(scale).split('e');
+  const [whole = '', fraction = ''] = digits.split('.');
+  const product = BigInt(n) * BigInt(whole + fraction);
+  const shift = fraction.length - Number(exponent);
+  return Number(shift > 0 ? product / 10n ** BigInt(shift) : product * 10n ** BigInt(-shift));
 }
 
 /** An issue as it reads in its place: in a row, with the row's number and name; in a plan, after the plan's name. */

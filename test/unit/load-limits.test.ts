@@ -156,6 +156,24 @@ describe('a valid table', () => {
     expect(result.table.plans.size).toBe(0);
   });
 
+  it("scales a row by the plan's scale as written, rounded down (regression: 100 × 2.3 was 229, the float product rounded down)", () => {
+    const result = parseLimits(
+      'limits:\n  - {name: A, route: GET /a, per_hour: 100, per_day: 1000}\nplans:\n' +
+        '  a: {scale: 2.3}\n  b: {scale: 1.15}\n  c: {scale: 0.29}\n  d: {scale: 1.005}\n  e: {scale: 2.5e-2}\n  f: {scale: 1e2}\n',
+      'a.yaml',
+    );
+    if (!result.ok) throw new Error(result.errors.map(formatSourceError).join('\n'));
+    const row = result.table.rows[0]!;
+    expect(['a', 'b', 'c', 'd', 'e', 'f'].map((plan) => limitsFor(result.table, row, plan))).toEqual([
+      { perHour: 230, perDay: 2300 },
+      { perHour: 115, perDay: 1150 },
+      { perHour: 29, perDay: 290 },
+      { perHour: 100, perDay: 1005 },
+      { perHour: 2, perDay: 25 },
+      { perHour: 10000, perDay: 100000 },
+    ]);
+  });
+
   it('reports a missing file as an error, not a crash', async () => {
     const result = await readLimitsFile('does-not-exist.yaml');
     expect(result.ok).toBe(false);
