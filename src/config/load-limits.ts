@@ -4,7 +4,17 @@ import { isValidTimezone } from '../limits/windows.js';
 import { buildTable, type LimitRow, type LimitTable, type Plan } from '../limits/limit-table.js';
 import { readConfigFile } from '../lib/config-file.js';
 import { YamlSource, type SourceError } from '../lib/yaml-source.js';
-import { closed, describe, got, issuesOf, mapping, sourceErrors, valid, type Issue } from '../lib/yaml-schema.js';
+import {
+  closed,
+  describe,
+  got,
+  issuesOf,
+  mapping,
+  record,
+  sourceErrors,
+  valid,
+  type Issue,
+} from '../lib/yaml-schema.js';
 
 /**
  * Reads and validates `limits.yaml` (README "The limit table"; plans: "API keys and plans").
@@ -73,7 +83,10 @@ const PLAN = closed(
       1,
     ),
     rows: v.optional(
-      v.pipe(mapping(got('rows must be a mapping of routes to per_hour/per_day')), v.record(ROUTE_TEXT, PLAN_ROW)),
+      v.pipe(
+        mapping(got('rows must be a mapping of routes to per_hour/per_day')),
+        record(ROUTE_TEXT, PLAN_ROW, (key) => `route "${key}" must be "METHOD /path"`),
+      ),
       {},
     ),
   },
@@ -92,7 +105,13 @@ const FILE = closed(
       'UTC',
     ),
     limits: v.pipe(v.array(ROW, listMessage), v.nonEmpty(listMessage)),
-    plans: v.nullish(v.pipe(mapping(got('plans must be a mapping of plan names')), v.record(PLAN_NAME, PLAN)), {}),
+    plans: v.nullish(
+      v.pipe(
+        mapping(got('plans must be a mapping of plan names')),
+        record(PLAN_NAME, PLAN, () => 'the name is reserved'),
+      ),
+      {},
+    ),
   },
   () => 'the file must be a mapping with "limits" (and optionally "timezone" and "plans")',
 );

@@ -93,3 +93,38 @@ export function closed<const E extends v.ObjectEntries>(
   // cannot work out through an intersection of generic entries.
   return v.pipe(mapping(wrongType), v.intersect([object, noUnknownKey]) as unknown as typeof object);
 }
+
+/** Keys valibot's object and record schemas pass over, their values unread. */
+const SKIPPED_KEYS = ['__proto__', 'constructor', 'prototype'] as const;
+
+/**
+ * valibot's record, with every key of the mapping read: valibot's passes over the keys
+ * `__proto__`, `constructor` and `prototype` without a word, and their values unchecked (a plan
+ * named `constructor`, with any scale at all, was a file without that plan). Such a key is
+ * reported at itself, with the key schema's message when it fails that, else with `reserved`'s.
+ */
+export function record<const K extends v.GenericSchema<string, string>, const V extends v.GenericSchema>(
+  key: K,
+  value: V,
+  reserved: (key: string) => string,
+) {
+  const skipped = v.pipe(
+    v.unknown(),
+    v.rawCheck(({ dataset, addIssue }) => {
+      const input: unknown = dataset.value;
+      if (!isMapping(input)) return;
+      for (const name of SKIPPED_KEYS) {
+        if (!Object.hasOwn(input, name)) continue;
+        const asKey = v.safeParse(key, name);
+        addIssue({
+          message: asKey.success ? reserved(name) : (asKey.issues[0]?.message ?? reserved(name)),
+          path: [{ type: 'object', origin: 'key', input, key: name, value: input[name] }],
+        });
+      }
+    }),
+    v.transform(() => ({})),
+  );
+  const schema = v.record(key, value);
+  // Typed as the record: its output is the record's (the other's is empty), as in closed().
+  return v.intersect([schema, skipped]) as unknown as typeof schema;
+}
