@@ -62,8 +62,10 @@ export class YamlSource {
       // An unclosed quote is found only at the end of the file: point at where the quote opens.
       const opened = err.code === 'MISSING_CHAR' ? unclosedQuoteAt(doc, err.pos[0]) : undefined;
       const pos = opened === undefined ? (err.linePos?.[0] ?? lines.linePos(err.pos[0])) : lines.linePos(opened);
+      // yaml's own words for a second document name a function of its API, not what is wrong with the file.
+      const said = err.code === 'MULTIPLE_DOCS' ? 'a second YAML document: the file must hold one' : err.message;
       const message =
-        firstLine(err.message) +
+        firstLine(said) +
         (opened === undefined ? '' : ' (the quoted text that starts here runs to the end of the file)');
       return { file, line: pos.line, column: pos.col, message };
     });
