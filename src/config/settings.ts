@@ -5,7 +5,7 @@ import type { FailureMode } from '../limits/limiter.js';
 import type { LogLevel } from '../observability/logger.js';
 import { parseRoute, type Route } from '../limits/route.js';
 import { formatSourceError, YamlSource } from '../lib/yaml-source.js';
-import { closed, describe, got, issuesOf, mapping, sourceErrors, type Issue } from '../lib/yaml-schema.js';
+import { closed, describe, got, issuesOf, mapping, record, sourceErrors, type Issue } from '../lib/yaml-schema.js';
 import { ROUTE, ROUTE_TEXT } from './load-limits.js';
 
 /**
@@ -276,7 +276,7 @@ const ROUTING = closed(
     routes: v.nullish(
       v.pipe(
         mapping(got('routing.routes must map routes to bridges')),
-        v.record(ROUTE_TEXT, BRIDGE),
+        record(ROUTE_TEXT, BRIDGE, (key) => `route "${key}" must be "METHOD /path"`),
         v.rawCheck(({ dataset, addIssue }) => {
           if (!dataset.typed) return;
           // `GET /orders/{id}` and `GET /orders/{orderId}` are one route: a second bridge for it would

@@ -312,6 +312,10 @@ describe('settings from gateway.yaml', () => {
     expect(fileMessage('routing:\n  default: eqt\n  __proto__: fno\n')).toBe(
       'gw.yaml:3:3: unknown key "__proto__" in routing (expected default, routes)',
     );
+    // regression: a route keyed so was passed over without a word by the record of routing.routes
+    expect(fileMessage('routing:\n  routes:\n    GET /orders: eqt\n    constructor: fno\n')).toMatch(
+      /^gw\.yaml:4:5: route "constructor"/,
+    );
   });
 
   it('names the line and column of every kind of problem in gateway.yaml, the first in the file first', () => {
