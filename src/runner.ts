@@ -253,6 +253,8 @@ function followEvents(
       void registry.refresh().catch(() => {});
     }
   });
+  // A key that changed plan may have used more under the other numbers than a refusal remembered of it.
+  registry.onPlansChanged(() => limiter.forgetAll());
   tables.onChange((table, previous) => {
     if (previous) limiter.forgetAll();
     const missing = registry.list().filter((k) => k.plan !== undefined && !table.plans.has(k.plan));

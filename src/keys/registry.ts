@@ -76,6 +76,7 @@ export class KeyRegistry {
   #loaded = false;
   readonly #onError: (err: unknown) => void;
   readonly #refreshed: Array<() => void> = [];
+  readonly #plansChanged: Array<() => void> = [];
 
   constructor(store: IssuedKeyStore, onError: (err: unknown) => void = () => {}) {
     this.#store = store;
@@ -158,8 +159,21 @@ export class KeyRegistry {
     return [...this.#fileKeys.values(), ...this.#issued.values()].sort((a, b) => a.id.localeCompare(b.id));
   }
 
+  /**
+   * Calls `listener` when a new key file gives a key another plan than it had (a key added to the
+   * file or taken out of it included): its numbers are others.
+   */
+  onPlansChanged(listener: () => void): void {
+    this.#plansChanged.push(listener);
+  }
+
   setFileKeys(keys: readonly KeyRecord[]): void {
+    const before = this.#fileKeys;
     this.#fileKeys = new Map(keys.map((k) => [k.sha256, k]));
+    const planOf = (file: Map<string, KeyRecord>, hash: string) => (file.get(hash) ?? this.#issued.get(hash))?.plan;
+    const hashes = [...before.keys(), ...this.#fileKeys.keys()];
+    if (hashes.some((hash) => planOf(before, hash) !== planOf(this.#fileKeys, hash)))
+      for (const listener of this.#plansChanged) listener();
   }
 
   /**

@@ -420,6 +420,38 @@ describe('the key file and the plans of the table in force', () => {
   });
 });
 
+describe("a key file that changes a key's plan and back", () => {
+  it('answers the refused key with its usage, not the one it had when it was last refused (regression: units used under the other plan were missing from its headers)', async () => {
+    const dir = mkdtempSync(join(tmpdir(), 'oapi-keys-replan-'));
+    const keysPath = join(dir, 'api-keys.yaml');
+    const KEY = 'replanned-key-0123456789';
+    const withPlan = (plan?: string) =>
+      `keys:\n  - id: replanned\n    sha256: ${sha(KEY)}\n${plan ? `    plan: ${plan}\n` : ''}`;
+    writeFileSync(keysPath, withPlan());
+    const gw = await startTestGateway({
+      limits: LIMITS,
+      dir,
+      env: { API_KEY_MODE: 'registered', API_KEYS_FILE: keysPath },
+    });
+    const planIs = (plan: string | undefined) => () => gw.gateway.registry.lookup(sha(KEY))?.plan === plan;
+    try {
+      for (let i = 0; i < 4; i++) expect((await call(gw, KEY)).status).toBe(200);
+      expect((await call(gw, KEY)).status).toBe(429); // the hour spent: 4 of 4, 4 of 10 today
+      writeFileSync(keysPath, withPlan('premium'));
+      await waitFor('the premium plan', planIs('premium'), 5000);
+      for (let i = 0; i < 2; i++) expect((await call(gw, KEY)).status).toBe(200); // 6 used under premium's 20
+      writeFileSync(keysPath, withPlan());
+      await waitFor('no plan', planIs(undefined), 5000);
+      const refused = await call(gw, KEY);
+      expect(refused.status).toBe(429);
+      expect(refused.headers['x-ratelimit-remaining-day']).toBe('4');
+    } finally {
+      await gw.stop();
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
+
 describe('a key file refused', () => {
   it('is told once per content when the watcher reads it again, and again on SIGHUP (regression: its event and its poll logged it twice)', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'oapi-keys-refused-'));
