@@ -477,11 +477,10 @@ async function runSequence(spec: TableSpec, start: number, ops: readonly Op[]): 
 
 describe('counting, against a model of the README', () => {
   it('decides every request of two instances on one Redis as the model does', async () => {
-    const started = Date.now();
+    // Bounded in count and in time: on a loaded machine fewer runs are made, none is cut short.
     await fc.assert(
       fc.asyncProperty(specArb, startArb, fc.array(opArb, { minLength: 1, maxLength: 60 }), runSequence),
-      { numRuns: 1000, interruptAfterTimeLimit: 20_000 },
+      { numRuns: 1000, interruptAfterTimeLimit: 15_000 },
     );
-    expect(Date.now() - started).toBeLessThan(40_000);
   }, 60_000);
 });
