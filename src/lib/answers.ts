@@ -132,7 +132,7 @@ export function clientErrorAnswer(code: string | undefined): [number, Reason, st
     // invalid Transfer-Encoding or Content-Length, the codes of a malformed value too: those get the
     // general message below.
     case 'HPE_UNEXPECTED_CONTENT_LENGTH':
-      return [400, 'bad-request', 'Conflicting Content-Length headers'];
+      return [400, 'bad-request', 'More than one Content-Length header'];
     default:
       return [400, 'bad-request', 'Malformed HTTP request'];
   }
