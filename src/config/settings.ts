@@ -112,6 +112,18 @@ const RESERVED_HEADERS = new Set([
   ...['host', 'connection', 'content-length', 'content-type', 'transfer-encoding', 'upgrade', 'te', 'trailer'],
   ...['keep-alive', 'authorization', 'x-otp-token', 'x-request-id'],
 ]);
+/**
+ * Fields the gateway states to the bridge itself, or removes from every request (README
+ * "Forwarding"): a consumer field of one of these names would sit beside the gateway's own value
+ * (`X-Forwarded-For: acme-prod, 198.51.100.7`) or be one the bridge must never act on. Read with
+ * underscores as dashes, as the forwarder reads a client's fields.
+ */
+const GATEWAY_STATED_HEADERS = new Set([
+  ...['x-forwarded-for', 'x-forwarded-proto', 'x-forwarded-host', 'forwarded', 'expect', 'proxy-authorization'],
+  ...['x-real-ip', 'true-client-ip', 'x-client-ip', 'x-cluster-client-ip', 'cf-connecting-ip', 'fastly-client-ip'],
+  ...['x-http-method-override', 'x-http-method', 'x-method-override', 'x-original-url', 'x-rewrite-url'],
+  ...['proxy-connection', 'proxy-authenticate'],
+]);
 
 const bridgeUrl = v.pipe(
   asText,
@@ -462,6 +474,11 @@ function checkTogether(values: Values): void {
   ownHeader('API_KEY_HEADER', values.apiKeyHeader, 'X-API-Key');
   if (values.consumerIdHeader === undefined) return;
   ownHeader('CONSUMER_ID_HEADER', values.consumerIdHeader, 'X-Consumer-Id');
+  if (GATEWAY_STATED_HEADERS.has(values.consumerIdHeader.toLowerCase().replaceAll('_', '-'))) {
+    throw new SettingsError(
+      `CONSUMER_ID_HEADER=${values.consumerIdHeader}: the gateway states or removes that header itself; choose a header of its own, such as X-Consumer-Id`,
+    );
+  }
   if (values.consumerIdHeader.toLowerCase() === values.apiKeyHeader.toLowerCase()) {
     throw new SettingsError(
       `CONSUMER_ID_HEADER=${values.consumerIdHeader}: API_KEY_HEADER is that header; choose another, or an empty value to send none`,

@@ -120,6 +120,14 @@ const REFUSED: Array<[Record<string, string>, string]> = [
     { ...BRIDGES, CONSUMER_ID_HEADER: 'Host' },
     'CONSUMER_ID_HEADER=Host: that header has another meaning; choose a header of its own, such as X-Consumer-Id',
   ],
+  // Regression: accepted, and the bridge got the key id as the first address of X-Forwarded-For
+  // (`X-Forwarded-For: acme-prod, 127.0.0.1`), or an `Expect` the bridge refused.
+  ...['X-Forwarded-For', 'x_forwarded_host', 'Forwarded', 'X-Real-IP', 'Expect', 'X-HTTP-Method-Override'].map(
+    (name): [Record<string, string>, string] => [
+      { ...BRIDGES, CONSUMER_ID_HEADER: name },
+      `CONSUMER_ID_HEADER=${name}: the gateway states or removes that header itself; choose a header of its own, such as X-Consumer-Id`,
+    ],
+  ),
   [
     { ...BRIDGES, CONSUMER_ID_HEADER: 'x-api-key' },
     'CONSUMER_ID_HEADER=x-api-key: API_KEY_HEADER is that header; choose another, or an empty value to send none',
