@@ -186,6 +186,24 @@ describe('regression: api_key in a spelling PHP reads as api_key reached the bri
   });
 });
 
+describe('regression: api_key and _method in the array spellings PHP reads as those names reached the bridge', () => {
+  // PHP ends a parameter's name at a `[` that a `]` follows: `api_key[]=…` is `$_GET['api_key']`
+  // (php_register_variable_ex), as a client serialising its parameters PHP-style sends them.
+  it.each([
+    '?api_key[]=secret',
+    '?a=1&api_key%5B%5D=secret&b=2',
+    '?api.key[0]=secret',
+    '?_method[]=DELETE',
+    '?_method[x]=PUT',
+  ])('%s is not forwarded', (query) => {
+    expect(forwardedQuery(query)).not.toMatch(/key|secret|method/);
+  });
+
+  it('keeps a name whose `[` no `]` follows, which PHP reads as another name', () => {
+    expect(forwardedQuery('?api_key[=1&_method[x=2')).toBe('?api_key[=1&_method[x=2');
+  });
+});
+
 describe("regression: an absolute-form target's host was not the one the bridge was told", () => {
   it('takes the authority of an absolute-form target for X-Forwarded-Host and Forwarded (RFC 9112 §3.2.2)', () => {
     const list = requestHeaderList(['Host', 'other.example', 'Forwarded', 'for=192.0.2.1'], {

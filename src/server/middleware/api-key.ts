@@ -118,12 +118,17 @@ const NOT_FORWARDED_PARAMS: ReadonlySet<string> = new Set(['api_key', '_method']
  * A parameter's name as PHP registers it (php_register_variable_ex), which is how Symfony and
  * Laravel find `_method`: cut at its first NUL (PHP takes the decoded name as a C string, so
  * `_method%00x` is `_method`), leading spaces dropped, the other spaces and dots made `_` (so
- * `.method` and `+_method` are `_method` there). Every name the URLSearchParams decoding gives
- * as it is reads the same here.
+ * `.method` and `+_method` are `_method` there) up to a first `[`, where an array's name ends when
+ * a `]` follows (`api_key[]` and `api_key[0]` are `api_key`), and which is `_` when none does.
+ * Every name the URLSearchParams decoding gives as it is reads the same here.
  */
 function phpName(name: string): string {
   const nul = name.indexOf('\0');
-  return (nul === -1 ? name : name.slice(0, nul)).replace(/^ +/, '').replace(/[ .]/g, '_');
+  const cut = (nul === -1 ? name : name.slice(0, nul)).replace(/^ +/, '');
+  const bracket = cut.indexOf('[');
+  if (bracket === -1) return cut.replace(/[ .]/g, '_');
+  const base = cut.slice(0, bracket).replace(/[ .]/g, '_');
+  return cut.includes(']', bracket) ? base : base + '_' + cut.slice(bracket + 1);
 }
 
 /** The query string the bridge receives: without the parameters above; the others stay byte for byte. */
