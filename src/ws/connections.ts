@@ -130,12 +130,18 @@ function stopBetweenFrames(from: Duplex, to: Duplex, frames: FrameBoundary, mask
     close();
     return;
   }
-  // The rest of the current frame still has to pass, and nothing after it.
+  // The rest of the current frame still has to pass, and nothing after it; as fast as the receiver
+  // reads it, as the pipe it replaces: a frame may be far larger than what the gateway may hold.
+  const resume = (): void => void from.resume();
   from.on('data', function finishFrame(chunk: Buffer) {
     const upTo = frames.advance(chunk, true);
-    if (upTo > 0 && to.writable) to.write(chunk.subarray(0, upTo));
+    if (upTo > 0 && to.writable && !to.write(chunk.subarray(0, upTo))) {
+      from.pause();
+      to.once('drain', resume);
+    }
     if (frames.atBoundary) {
       from.off('data', finishFrame);
+      to.off('drain', resume);
       close();
     }
   });

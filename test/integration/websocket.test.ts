@@ -1055,6 +1055,55 @@ describe('shutdown', () => {
     }
   });
 
+  it('finishes a frame in flight only as fast as the client reads it (regression: the rest of a large frame was buffered whole for a slow client)', async () => {
+    const raw = await startRawBridge();
+    const down = await startTestGateway({ limits: LIMITS, env: { ...FAST_ENV, EQT_BRIDGE_URL: raw.url } });
+    let pumping = true;
+    try {
+      const { ws } = await open(wsUrl(down, '/ws/orders'), { 'X-API-Key': newKey('slow') });
+      await waitFor(
+        'the raw bridge handshake',
+        () => raw.sockets.length === 1 && raw.received.has(raw.sockets[0]!),
+        3000,
+      );
+      const bridgeSocket = raw.sockets[0]!;
+      // A client that reads nothing, and a bridge in the middle of a 64 MB frame that writes as fast as it may.
+      (ws as unknown as { _socket: Socket })._socket.pause();
+      const megabyte = Buffer.alloc(1024 * 1024, 7);
+      const header = Buffer.alloc(10);
+      header[0] = 0x82;
+      header[1] = 127;
+      header.writeBigUInt64BE(BigInt(64 * megabyte.length), 2);
+      bridgeSocket.write(header);
+      let written = 0;
+      const pump = async (): Promise<void> => {
+        const until = Date.now() + 8000;
+        while (pumping && written < 64 && Date.now() < until) {
+          written++;
+          bridgeSocket.write(megabyte);
+          // The next megabyte once the gateway has read this one (bounded: the loop ends with the shutdown).
+          while (pumping && bridgeSocket.writableNeedDrain && Date.now() < until) await sleep(20);
+        }
+      };
+      const pumped = pump();
+      await sleep(500);
+      const writtenBefore = written;
+      const stopping = down.gateway.stop();
+      // Within the 2 s the shutdown gives the connection (then it is dropped), the gateway read
+      // no faster than before it, when the pipe held the bridge back.
+      await sleep(1500);
+      const writtenDuring = written - writtenBefore;
+      pumping = false;
+      await pumped;
+      await withTimeout(stopping, 8000, 'stop()');
+      expect(writtenDuring).toBeLessThan(8);
+    } finally {
+      pumping = false;
+      await down.stop();
+      await raw.close();
+    }
+  });
+
   it('lets go of a connection as soon as both sides have answered the 1001', async () => {
     const echoBridge = await startBridge();
     // The deadline is far: nothing but the connection itself should hold stop() up.
