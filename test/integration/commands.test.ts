@@ -260,43 +260,11 @@ describe('npx oapi-gateway', () => {
 });
 
 describe('npm run sandbox', () => {
-  it('makes a bearer token of its own when ADMIN_TOKEN is empty, so that the printed usage command works (regression: it printed an empty token, and got 403)', async () => {
+  /** What `npm run sandbox` prints under `env` once it is serving, and its curl lines, trimmed. */
+  const sandbox = async (env: Record<string, string>): Promise<{ out: string; curls: string[] }> => {
     const child = spawn(process.execPath, [join(ROOT, 'dist/sandbox/main.js')], {
       cwd: ROOT,
-      env: { PATH: process.env.PATH, PORT: '0', ADMIN_PORT: '0', ADMIN_TOKEN: '' },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
-    children.push(child);
-    const out = await waitForOutput(child, outputOf(child), 'Ctrl-C stops it.');
-    const usage = out
-      .split('\n')
-      .map((l) => l.trim())
-      .find((l) => l.startsWith('curl -s '));
-    expect(JSON.parse((await run('bash', ['-c', usage as string])).stdout)).toHaveProperty('endpoints');
-  });
-
-  it('prints curl commands with the key header the gateway reads (regression: X-API-Key whatever API_KEY_HEADER said, and they got 401)', async () => {
-    const child = spawn(process.execPath, [join(ROOT, 'dist/sandbox/main.js')], {
-      cwd: ROOT,
-      env: { PATH: process.env.PATH, PORT: '0', ADMIN_PORT: '0', API_KEY_HEADER: 'X-Client-Key' },
-      stdio: ['ignore', 'pipe', 'pipe'],
-    });
-    children.push(child);
-    const out = await waitForOutput(child, outputOf(child), 'Ctrl-C stops it.');
-    const curls = out
-      .split('\n')
-      .map((l) => l.trim())
-      .filter((l) => l.startsWith('curl ') && l.includes('oapi_'));
-    expect(curls).toHaveLength(4);
-    for (const curl of curls.slice(0, 3)) expect(curl).toContain("-H 'X-Client-Key: oapi_");
-    const order = (await run('bash', ['-c', curls[2] as string])).stdout;
-    expect(order).toMatch(/^HTTP\/1\.1 200 OK/);
-  });
-
-  it('prints curl commands that work as pasted', async () => {
-    const child = spawn(process.execPath, [join(ROOT, 'dist/sandbox/main.js')], {
-      cwd: ROOT,
-      env: { PATH: process.env.PATH, PORT: '0', ADMIN_PORT: '0' },
+      env: { PATH: process.env.PATH, PORT: '0', ADMIN_PORT: '0', ...env },
       stdio: ['ignore', 'pipe', 'pipe'],
     });
     children.push(child);
@@ -305,6 +273,24 @@ describe('npm run sandbox', () => {
       .split('\n')
       .map((l) => l.trim())
       .filter((l) => l.startsWith('curl '));
+    return { out, curls };
+  };
+
+  it('makes a bearer token of its own when ADMIN_TOKEN is empty, so that the printed usage command works (regression: it printed an empty token, and got 403)', async () => {
+    const usage = (await sandbox({ ADMIN_TOKEN: '' })).curls.find((l) => l.startsWith('curl -s '));
+    expect(JSON.parse((await run('bash', ['-c', usage as string])).stdout)).toHaveProperty('endpoints');
+  });
+
+  it('prints curl commands with the key header the gateway reads (regression: X-API-Key whatever API_KEY_HEADER said, and they got 401)', async () => {
+    const curls = (await sandbox({ API_KEY_HEADER: 'X-Client-Key' })).curls.filter((l) => l.includes('oapi_'));
+    expect(curls).toHaveLength(4);
+    for (const curl of curls.slice(0, 3)) expect(curl).toContain("-H 'X-Client-Key: oapi_");
+    const order = (await run('bash', ['-c', curls[2] as string])).stdout;
+    expect(order).toMatch(/^HTTP\/1\.1 200 OK/);
+  });
+
+  it('prints curl commands that work as pasted', async () => {
+    const { out, curls } = await sandbox({});
     expect(curls).toHaveLength(4);
 
     const sh = async (command: string): Promise<string> => (await run('bash', ['-c', command])).stdout;

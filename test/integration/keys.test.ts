@@ -49,6 +49,14 @@ const keyFile = (extra = ''): string => `keys:
     plan: premium
 ${extra}`;
 
+/** A directory of its own (`oapi-keys-<name>-…`) holding `api-keys.yaml` with `content`. */
+function keyFileIn(name: string, content: string): { dir: string; keysPath: string } {
+  const dir = mkdtempSync(join(tmpdir(), `oapi-keys-${name}-`));
+  const keysPath = join(dir, 'api-keys.yaml');
+  writeFileSync(keysPath, content);
+  return { dir, keysPath };
+}
+
 const call = (gw: TestGateway, key: string | undefined, path = '/orders/1', headers: Record<string, string> = {}) =>
   send(gw.url, { path, headers: key === undefined ? headers : { 'X-API-Key': key, ...headers } });
 const issue = async (gw: TestGateway, id: string, plan?: string) => {
@@ -422,12 +430,10 @@ describe('the key file and the plans of the table in force', () => {
 
 describe("a key file that changes a key's plan and back", () => {
   it('answers the refused key with its usage, not the one it had when it was last refused (regression: units used under the other plan were missing from its headers)', async () => {
-    const dir = mkdtempSync(join(tmpdir(), 'oapi-keys-replan-'));
-    const keysPath = join(dir, 'api-keys.yaml');
     const KEY = 'replanned-key-0123456789';
     const withPlan = (plan?: string) =>
       `keys:\n  - id: replanned\n    sha256: ${sha(KEY)}\n${plan ? `    plan: ${plan}\n` : ''}`;
-    writeFileSync(keysPath, withPlan());
+    const { dir, keysPath } = keyFileIn('replan', withPlan());
     const gw = await startTestGateway({
       limits: LIMITS,
       dir,
@@ -454,9 +460,7 @@ describe("a key file that changes a key's plan and back", () => {
 
 describe('a key file refused', () => {
   it('is told once per content when the watcher reads it again, and again on SIGHUP (regression: its event and its poll logged it twice)', async () => {
-    const dir = mkdtempSync(join(tmpdir(), 'oapi-keys-refused-'));
-    const keysPath = join(dir, 'api-keys.yaml');
-    writeFileSync(keysPath, 'keys: []\n');
+    const { dir, keysPath } = keyFileIn('refused', 'keys: []\n');
     const gw = await startTestGateway({
       limits: LIMITS,
       dir,
@@ -490,9 +494,7 @@ describe('a key file refused', () => {
 
 describe('a key file the watcher reads half written', () => {
   it('is read again and loaded, not refused (regression: a spurious "key file refused" for an edit in progress)', async () => {
-    const dir = mkdtempSync(join(tmpdir(), 'oapi-keys-half-'));
-    const keysPath = join(dir, 'api-keys.yaml');
-    writeFileSync(keysPath, 'keys: []\n');
+    const { dir, keysPath } = keyFileIn('half', 'keys: []\n');
     const gw = await startTestGateway({
       limits: LIMITS,
       dir,
@@ -519,9 +521,7 @@ describe('a key file the watcher reads half written', () => {
 
 describe('a key file entry with the id of a key issued through the admin API', () => {
   it('is refused with its line, and the issued key stays revocable at once (regression: it loaded, and DELETE answered 409)', async () => {
-    const dir = mkdtempSync(join(tmpdir(), 'oapi-keys-taken-'));
-    const keysPath = join(dir, 'api-keys.yaml');
-    writeFileSync(keysPath, keyFile());
+    const { dir, keysPath } = keyFileIn('taken', keyFile());
     const env = { API_KEY_MODE: 'registered', API_KEYS_FILE: keysPath, INVALID_KEY_MAX_ATTEMPTS: '10000' };
     const gw = await startTestGateway({ limits: LIMITS, dir, env });
     try {
@@ -561,9 +561,7 @@ describe('a key file entry with the id of a key issued through the admin API', (
 
 describe('regression: a key file refused for the id of an issued key stayed refused once that key was revoked', () => {
   it('is read again when the issued key is revoked, on every instance, and its entry passes', async () => {
-    const dir = mkdtempSync(join(tmpdir(), 'oapi-keys-freed-'));
-    const keysPath = join(dir, 'api-keys.yaml');
-    writeFileSync(keysPath, keyFile());
+    const { dir, keysPath } = keyFileIn('freed', keyFile());
     const env = { API_KEY_MODE: 'registered', API_KEYS_FILE: keysPath, INVALID_KEY_MAX_ATTEMPTS: '10000' };
     const pair = await startGatewayPair({ limits: LIMITS, dir, env, label: 'keys-freed' });
     const { a, b } = pair;
@@ -598,9 +596,10 @@ describe('regression: a key file refused for the id of an issued key stayed refu
 
 describe('regression: an issued id read after the key file, that an entry of the file takes, was not told until the file changed', () => {
   it('has the instance read its key file again and log the refusal with the entry, once', async () => {
-    const dir = mkdtempSync(join(tmpdir(), 'oapi-keys-later-'));
-    const keysPath = join(dir, 'api-keys.yaml');
-    writeFileSync(keysPath, keyFile(`  - id: shared-id\n    sha256: ${sha('file-shared-key-0123456789')}\n`));
+    const { dir, keysPath } = keyFileIn(
+      'later',
+      keyFile(`  - id: shared-id\n    sha256: ${sha('file-shared-key-0123456789')}\n`),
+    );
     const env = { API_KEY_MODE: 'registered', API_KEYS_FILE: keysPath, INVALID_KEY_MAX_ATTEMPTS: '10000' };
     const first = await startTestGateway({ limits: LIMITS, dir, env });
     // Another instance, whose key file has no such entry, issues the id.

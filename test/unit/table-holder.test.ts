@@ -26,18 +26,15 @@ describe('TableHolder', () => {
     }),
   );
   let holder: TableHolder | undefined;
+  const holderOf = (path: string, displayName: string, metrics = new GatewayMetrics({ defaultMetrics: false })) =>
+    new TableHolder({ path, displayName, logger, metrics });
   afterEach(() => holder?.close());
   afterAll(() => rmSync(dir, { recursive: true, force: true }));
 
   it('takes an edit made between the first read and the start of the watch (regression: unseen until the next edit)', async () => {
     const path = join(dir, 'limits.yaml');
     writeFileSync(path, table(5));
-    holder = new TableHolder({
-      path,
-      displayName: 'limits.yaml',
-      logger,
-      metrics: new GatewayMetrics({ defaultMetrics: false }),
-    });
+    holder = holderOf(path, 'limits.yaml');
     expect((await holder.reload('start')).ok).toBe(true);
     writeFileSync(path, table(7));
     // A poll far slower than the test, and no event for a write made before the watch: only the
@@ -51,12 +48,7 @@ describe('TableHolder', () => {
   it('says nothing when the file is as it was when the watch starts', async () => {
     const path = join(dir, 'same.yaml');
     writeFileSync(path, table(5));
-    holder = new TableHolder({
-      path,
-      displayName: 'same.yaml',
-      logger,
-      metrics: new GatewayMetrics({ defaultMetrics: false }),
-    });
+    holder = holderOf(path, 'same.yaml');
     await holder.reload('start');
     const before = lines.length;
     holder.watch(60_000);
@@ -68,7 +60,7 @@ describe('TableHolder', () => {
     const path = join(dir, 'half.yaml');
     writeFileSync(path, table(5));
     const metrics = new GatewayMetrics({ defaultMetrics: false });
-    holder = new TableHolder({ path, displayName: 'half.yaml', logger, metrics });
+    holder = holderOf(path, 'half.yaml', metrics);
     await holder.reload('start');
     const before = lines.length;
     const whole = table(7);
@@ -87,12 +79,7 @@ describe('TableHolder', () => {
   it('refuses, once, a file the watch finds invalid and left as it is', async () => {
     const path = join(dir, 'bad.yaml');
     writeFileSync(path, table(5));
-    holder = new TableHolder({
-      path,
-      displayName: 'bad.yaml',
-      logger,
-      metrics: new GatewayMetrics({ defaultMetrics: false }),
-    });
+    holder = holderOf(path, 'bad.yaml');
     await holder.reload('start');
     const before = lines.length;
     writeFileSync(path, table(5).replace('per_hour: 5', 'per_hour: -5'));
