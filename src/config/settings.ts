@@ -4,6 +4,7 @@ import * as v from 'valibot';
 import type { FailureMode } from '../limits/limiter.js';
 import type { LogLevel } from '../observability/logger.js';
 import { parseRoute, type Route } from '../limits/route.js';
+import { isGatewayField } from '../lib/gateway-fields.js';
 import { formatSourceError, YamlSource } from '../lib/yaml-source.js';
 import { closed, describe, got, issuesOf, mapping, record, sourceErrors, type Issue } from '../lib/yaml-schema.js';
 import { ROUTE, ROUTE_TEXT } from './load-limits.js';
@@ -111,18 +112,6 @@ const HEADER_TOKEN = /^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$/;
 const RESERVED_HEADERS = new Set([
   ...['host', 'connection', 'content-length', 'content-type', 'transfer-encoding', 'upgrade', 'te', 'trailer'],
   ...['keep-alive', 'authorization', 'x-otp-token', 'x-request-id'],
-]);
-/**
- * Fields the gateway states to the bridge itself, or removes from every request (README
- * "Forwarding"): a consumer field of one of these names would sit beside the gateway's own value
- * (`X-Forwarded-For: acme-prod, 198.51.100.7`) or be one the bridge must never act on. Read with
- * underscores as dashes, as the forwarder reads a client's fields.
- */
-const GATEWAY_STATED_HEADERS = new Set([
-  ...['x-forwarded-for', 'x-forwarded-proto', 'x-forwarded-host', 'forwarded', 'expect', 'proxy-authorization'],
-  ...['x-real-ip', 'true-client-ip', 'x-client-ip', 'x-cluster-client-ip', 'cf-connecting-ip', 'fastly-client-ip'],
-  ...['x-http-method-override', 'x-http-method', 'x-method-override', 'x-original-url', 'x-rewrite-url'],
-  ...['proxy-connection', 'proxy-authenticate'],
 ]);
 
 const bridgeUrl = v.pipe(
@@ -474,7 +463,10 @@ function checkTogether(values: Values): void {
   ownHeader('API_KEY_HEADER', values.apiKeyHeader, 'X-API-Key');
   if (values.consumerIdHeader === undefined) return;
   ownHeader('CONSUMER_ID_HEADER', values.consumerIdHeader, 'X-Consumer-Id');
-  if (GATEWAY_STATED_HEADERS.has(values.consumerIdHeader.toLowerCase().replaceAll('_', '-'))) {
+  // A consumer field of such a name would sit beside the gateway's own value
+  // (`X-Forwarded-For: acme-prod, 198.51.100.7`), or be one a bridge must never act on; read with
+  // underscores as dashes, as the forwarder reads a client's fields.
+  if (isGatewayField(values.consumerIdHeader.toLowerCase().replaceAll('_', '-'))) {
     throw new SettingsError(
       `CONSUMER_ID_HEADER=${values.consumerIdHeader}: the gateway states or removes that header itself; choose a header of its own, such as X-Consumer-Id`,
     );

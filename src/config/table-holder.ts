@@ -3,7 +3,7 @@ import type { GatewayMetrics } from '../observability/metrics.js';
 import { settledRead, watchFile, type FileWatch } from '../lib/file-watcher.js';
 import type { LimitTable } from '../limits/limit-table.js';
 import { readLimitsFile, type LimitsLoad } from './load-limits.js';
-import { formatSourceError, type SourceError } from '../lib/yaml-source.js';
+import { formatSourceError, refusalText, type SourceError } from '../lib/yaml-source.js';
 
 /**
  * The limit table in force, and its reloads (docs/operations.md "Changing limits while it serves"): on a change of the file, on
@@ -62,9 +62,9 @@ export class TableHolder {
   async #load(trigger: ReloadTrigger): Promise<ReloadResult> {
     const read = (): Promise<LimitsLoad> => readLimitsFile(this.path, this.displayName);
     // The watch may fire on an editor's write half done: refuse only a file that stays as it is.
-    const result = trigger === 'file' ? await settledRead(read, refusalOf) : await read();
+    const result = trigger === 'file' ? await settledRead(read, refusalText) : await read();
     if (!result.ok) {
-      const content = refusalOf(result)!;
+      const content = refusalText(result)!;
       if (trigger === 'file' && content === this.#refusedContent) return result;
       this.#refusedContent = content;
       this.#metrics.reloads.labels('invalid').inc();
@@ -99,8 +99,4 @@ export class TableHolder {
     for (const listener of this.#listeners) listener(result.table, previous);
     return { ok: true, table: result.table, changed: true };
   }
-}
-
-function refusalOf(result: LimitsLoad): string | undefined {
-  return result.ok ? undefined : result.errors.map(formatSourceError).join('\n');
 }

@@ -21,6 +21,13 @@ export function formatSourceError(e: SourceError): string {
   return `${e.file}:${e.line}:${e.column}: ${where}${e.message}`;
 }
 
+/** The errors of a file's load as one text, `undefined` for a load that passed: what tells two refusals apart. */
+export function refusalText(
+  load: { readonly ok: true } | { readonly ok: false; readonly errors: readonly SourceError[] },
+): string | undefined {
+  return load.ok ? undefined : load.errors.map(formatSourceError).join('\n');
+}
+
 /** Errors in the order of the file. */
 export function byPosition(errors: SourceError[]): SourceError[] {
   return errors.sort((a, b) => a.line - b.line || a.column - b.column);

@@ -1,4 +1,5 @@
 import { USAGE_HEADER_NAMES } from '../limits/headers.js';
+import { CLIENT_ADDRESS_FIELDS, HOP_BY_HOP, isGatewayField, REWRITTEN } from '../lib/gateway-fields.js';
 
 /**
  * Header rules of one proxy hop (README "Forwarding"). Hop-by-hop fields (RFC 9110 §7.6.1, plus
@@ -10,58 +11,6 @@ import { USAGE_HEADER_NAMES } from '../limits/headers.js';
  * Headers travel as flat `[name, value, name, value, …]` lists, as Node reads them (rawHeaders)
  * and writes them (http.request, writeHead): names and repeated fields stay exactly as sent.
  */
-
-const HOP_BY_HOP = new Set([
-  'connection',
-  'keep-alive',
-  'proxy-connection',
-  'te',
-  'trailer',
-  'transfer-encoding',
-  'upgrade',
-  'proxy-authorization',
-  'proxy-authenticate',
-]);
-
-/**
- * Fields with which some frameworks let a request claim another method or path than the one it
- * was counted for: the bridge must act on exactly what was counted.
- */
-export const REINTERPRETING = [
-  'x-http-method-override',
-  'x-http-method',
-  'x-method-override',
-  'x-original-url',
-  'x-rewrite-url',
-];
-
-/**
- * Fields in which some servers read the client's address as one value (nginx's `X-Real-IP` and its
- * kin). The gateway is the edge (or trusts TRUST_PROXY_HOPS proxies before it), so a client's own
- * value would be a claim nobody checked: the bridge gets the address the gateway found instead.
- */
-const CLIENT_ADDRESS_FIELDS = new Set([
-  'x-real-ip',
-  'true-client-ip',
-  'x-client-ip',
-  'x-cluster-client-ip',
-  'cf-connecting-ip',
-  'fastly-client-ip',
-]);
-
-/** Request fields the gateway writes itself (below), whatever the client sent. */
-const REWRITTEN = new Set([
-  ...REINTERPRETING,
-  ...CLIENT_ADDRESS_FIELDS,
-  'forwarded',
-  'expect',
-  'host',
-  'content-length',
-  'x-forwarded-for',
-  'x-forwarded-proto',
-  'x-forwarded-host',
-  'x-request-id',
-]);
 
 /** Fields a `Connection` header may not remove: they are the request itself, or the gateway's own. */
 const PROTECTED = new Set([
@@ -140,7 +89,7 @@ function absoluteAuthority(target: string): string | undefined {
  */
 function posesAsControlled(field: string, dropped: ReadonlySet<string> | undefined): boolean {
   const dashed = field.replaceAll('_', '-');
-  return HOP_BY_HOP.has(dashed) || REWRITTEN.has(dashed) || dropped?.has(dashed) === true;
+  return isGatewayField(dashed) || dropped?.has(dashed) === true;
 }
 
 /** The headers the bridge receives, from the client's raw headers. */

@@ -5,7 +5,7 @@ import { InvalidKeyGuard } from '../keys/guard.js';
 import { readKeyFile, type KeyFileLoad } from '../keys/key-file.js';
 import { KeyRegistry } from '../keys/registry.js';
 import { settledRead, watchFile } from '../lib/file-watcher.js';
-import { formatSourceError } from '../lib/yaml-source.js';
+import { formatSourceError, refusalText } from '../lib/yaml-source.js';
 import type { LimitTable } from '../limits/limit-table.js';
 import type { Logger } from '../observability/logger.js';
 import type { Backend } from './backend.js';
@@ -159,7 +159,7 @@ function keyFileLoads(
     const sayRefusal = loud;
     loud = false;
     // The watch may fire on an editor's write half done: refuse only a file that stays as it is.
-    const result = settle ? await settledRead(read, keyFileRefusal) : await read();
+    const result = settle ? await settledRead(read, refusalText) : await read();
     if (!result.ok) {
       refused = true;
       const errors = result.errors.map(formatSourceError);
@@ -245,8 +245,4 @@ function invalidKeyGuard(settings: Settings, backend: Backend, logger: Logger): 
       void backend.events.publish({ type: 'address-blocked', address, ms }).catch(() => {});
     },
   });
-}
-
-function keyFileRefusal(result: KeyFileLoad): string | undefined {
-  return result.ok ? undefined : result.errors.map(formatSourceError).join('\n');
 }
