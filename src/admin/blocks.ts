@@ -1,6 +1,6 @@
 import { Hono } from 'hono';
 import type { AdminDeps } from './app.js';
-import { canonicalAddress } from '../lib/address.js';
+import { guardedNetwork } from '../lib/address.js';
 import { announce, refusal } from './common.js';
 
 /**
@@ -10,9 +10,10 @@ import { announce, refusal } from './common.js';
 export function blocksApp(deps: AdminDeps): Hono {
   const app = new Hono();
   app.get('/', (c) => c.json({ blocks: deps.guard.blocks() }));
-  app.delete('/:address', async (c) => {
-    // In the guard's spelling: `::ffff:198.51.100.7` unblocks `198.51.100.7`.
-    const address = canonicalAddress(c.req.param('address'));
+  // `{.+}`: a /64 may be written with its slash as it is listed (`/admin/blocks/2001:db8::/64`) or as `%2F`.
+  app.delete('/:address{.+}', async (c) => {
+    // As the guard counts it: `::ffff:198.51.100.7` unblocks `198.51.100.7`, `2001:db8::7` its /64.
+    const address = guardedNetwork(c.req.param('address'));
     if (!(await deps.guard.unblock(address))) return refusal(c, 404, `Address ${address} is not blocked`);
     await announce(
       deps,

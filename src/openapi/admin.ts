@@ -283,7 +283,8 @@ function blocksPaths(): Record<string, Json> {
           name: 'address',
           in: 'path',
           required: true,
-          description: 'A blocked client address, as `GET /admin/blocks` lists it.',
+          description:
+            'A blocked IPv4 address, or an IPv6 /64 as `GET /admin/blocks` lists it (`2001:db8:0:7::/64`, its slash as is or `%2F`) or by any address in it.',
           schema: { type: 'string', minLength: 1 },
         },
       ],
@@ -484,7 +485,7 @@ const SCHEMAS: Record<string, Json> = {
           type: 'object',
           required: ['address', 'seconds'],
           properties: {
-            address: { type: 'string' },
+            address: { type: 'string', description: 'An IPv4 address, or an IPv6 /64 (`2001:db8:0:7::/64`).' },
             seconds: { type: 'integer', minimum: 0, description: 'Seconds the block has left.' },
           },
           additionalProperties: false,

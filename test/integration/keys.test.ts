@@ -837,6 +837,76 @@ describe('a client guessing keys', () => {
     // The only other traffic is the issued-keys version check, twice a second.
     expect(calls('get')).toBeLessThanOrEqual(Math.ceil(elapsed / 500) + 1);
   });
+
+  it('counts and blocks an IPv6 client by its /64, listed and lifted as such (regression: each of its 2^64 addresses had attempts of its own)', async () => {
+    const from = (address: string) => ({ 'X-Forwarded-For': address });
+    const blocked = async () =>
+      (await send(gw.adminUrl, { path: '/admin/blocks', headers: authHeader() })).json<{
+        blocks: Array<{ address: string }>;
+      }>().blocks;
+    const guessFromFive = async () => {
+      // A new address of the /64 for every guess, as a guesser with a /64 would.
+      const statuses: number[] = [];
+      for (let i = 1; i <= 6; i++)
+        statuses.push((await call(gw, `v6-guess-${i}`, '/orders/1', from(`2001:db8:0:7::${i}`))).status);
+      expect(statuses).toEqual([401, 401, 401, 401, 401, 429]);
+    };
+    await guessFromFive();
+    // Any address of that /64 is refused, valid key or not, in any spelling; another /64 is not.
+    const { key } = (await issue(gw, 'v6-client', 'market-maker')).json<{ key: string }>();
+    const refused = await call(gw, key, '/marketdata/quote/VNM', from('2001:DB8:0:7:ffff:1:2:3'));
+    expect(refused.status).toBe(429);
+    expect(refused.text).toBe('{"error":"Rate Limit Exceeded","message":"Too Many Requests"}');
+    expect(Number(refused.headers['retry-after'])).toBeGreaterThan(50);
+    expect((await call(gw, key, '/marketdata/quote/VNM', from('[2001:db8:0:8::1]:443'))).status).toBe(200);
+    expect(
+      gw.logs.find(
+        (l) =>
+          l.msg === 'address blocked for sending invalid API keys' &&
+          l.seconds === 60 &&
+          String(l.address).includes(':'),
+      ),
+    ).toMatchObject({ address: '2001:db8:0:7::/64' });
+    expect((await blocked()).map((b) => b.address)).toContain('2001:db8:0:7::/64');
+
+    // Lifted by the /64 as listed, its slash as it is or as %2F, or by any address in it.
+    for (const written of ['2001:db8:0:7::/64', '2001:db8:0:7::%2F64', '2001:db8:0:7:0:0:0:abcd']) {
+      const lifted = await send(gw.adminUrl, {
+        method: 'DELETE',
+        path: `/admin/blocks/${written}`,
+        headers: authHeader(),
+      });
+      expect(lifted.status, written).toBe(204);
+      expect((await blocked()).map((b) => b.address)).not.toContain('2001:db8:0:7::/64');
+      expect((await call(gw, key, '/marketdata/quote/VNM', from('2001:db8:0:7::99'))).status).toBe(200);
+      await guessFromFive();
+    }
+    const notBlocked = await send(gw.adminUrl, {
+      method: 'DELETE',
+      path: '/admin/blocks/2001:db8:0:9::1',
+      headers: authHeader(),
+    });
+    expect(notBlocked.status).toBe(404);
+    expect(expectTwoFields(notBlocked)).toEqual({
+      error: 'Not Found',
+      message: 'Address 2001:db8:0:9::/64 is not blocked',
+    });
+
+    // An IPv4 client is counted alone, in IPv4-mapped IPv6 spellings too.
+    const statuses: number[] = [];
+    for (const address of [
+      '203.0.113.40',
+      '::ffff:cb00:7128',
+      '[::ffff:203.0.113.40]:1',
+      '::ffff:203.0.113.40',
+      '203.0.113.40',
+      '203.0.113.40',
+    ])
+      statuses.push((await call(gw, 'v4-guess', '/orders/1', from(address))).status);
+    expect(statuses).toEqual([401, 401, 401, 401, 401, 429]);
+    expect((await call(gw, 'v4-guess', '/orders/1', from('203.0.113.41'))).status).toBe(401);
+    expect((await blocked()).map((b) => b.address)).toContain('203.0.113.40');
+  });
 });
 
 describe('a client guessing keys on one of two instances', () => {

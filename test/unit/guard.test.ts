@@ -43,6 +43,33 @@ describe('InvalidKeyGuard (in memory)', () => {
   });
 });
 
+describe('regression: the guard counted each IPv6 address of a /64 apart', () => {
+  it('counts, blocks, takes announced blocks and unblocks an IPv6 client by its /64', async () => {
+    const now = 7_000_000;
+    const announced: string[] = [];
+    const guard = new InvalidKeyGuard({
+      prefix: 't:',
+      attempts: 2,
+      windowSeconds: 60,
+      now: () => now,
+      onBlock: (a) => announced.push(a),
+    });
+    expect(await guard.failed('2001:db8:0:7::1')).toBe(0);
+    expect(await guard.failed('2001:db8:0:7::2')).toBe(0);
+    expect(await guard.failed('2001:db8:0:7:a:b:c:d')).toBeGreaterThan(0);
+    expect(announced).toEqual(['2001:db8:0:7::/64']);
+    expect(guard.blockedFor('2001:db8:0:7::ffff')).toBeGreaterThan(0);
+    expect(guard.blockedFor('2001:db8:0:8::1')).toBe(0);
+    expect(guard.blocks().map((b) => b.address)).toEqual(['2001:db8:0:7::/64']);
+    expect(await guard.unblock('2001:db8:0:7::5')).toBe(true);
+    expect(guard.blockedFor('2001:db8:0:7::1')).toBe(0);
+    // As another instance announces it.
+    guard.block('2001:db8:0:9::/64', 30_000);
+    expect(guard.blockedFor('2001:DB8:0:9::42')).toBe(30_000);
+    expect(await guard.unblock('2001:db8:0:9::/64')).toBe(true);
+  });
+});
+
 describe('gateway events read from the channel', () => {
   it('are taken only when well formed', () => {
     expect(readEvent('{"type":"address-blocked","address":"10.0.0.1","ms":5000}')).toEqual({
