@@ -101,13 +101,54 @@ export function createClusterClient(
   return new CountersCluster([...nodes], { ...clusterOptions(commandTimeoutMs), ...extra });
 }
 
+/**
+ * Commands sent on one connection and not answered yet, at most (docs/operations.md "Redis").
+ * Far more than are out with a Redis that answers, even a slow one under load: with batching,
+ * counting sends a few calls at a time.
+ */
+export const MAX_COMMANDS_WAITING = 10_000;
+
+/** A command not sent: MAX_COMMANDS_WAITING wait on the connection for an answer already. */
+export class RedisBehindError extends Error {
+  constructor() {
+    super(`Redis is behind: ${MAX_COMMANDS_WAITING} commands wait for an answer`);
+    this.name = 'RedisBehindError';
+  }
+}
+
+/**
+ * Commands sent on one connection and not answered yet. A command that timed out stays among them
+ * until its answer comes: Redis answers in order, so ioredis keeps its place.
+ */
+export function commandsWaiting(client: RedisClient): number {
+  return client instanceof Redis ? client.commandQueue.length : 0;
+}
+
+/**
+ * The counters' client for one Redis: a command beyond MAX_COMMANDS_WAITING fails at once, unsent.
+ * A Redis that stops answering (a stopped process, a proxy that no longer forwards) keeps its
+ * connection, and a command that times out stays queued in ioredis, with its arguments, until
+ * its answer comes: every request of an unknown key, every readiness probe and the key poller
+ * would add one for as long as the stall lasts. (Commands of a pipeline are written together, so
+ * one of them is never held back alone; the counters' pipelines are a usage read's.)
+ */
+export class CountersRedis extends Redis {
+  override sendCommand(command: Command, stream?: Parameters<Redis['sendCommand']>[1]): unknown {
+    if (stream === undefined && this.status === 'ready' && this.commandQueue.length >= MAX_COMMANDS_WAITING) {
+      command.reject(new RedisBehindError());
+      return command.promise;
+    }
+    return super.sendCommand(command, stream);
+  }
+}
+
 export function createRedisClient(target: RedisTarget): RedisClient {
   if (target.clusterNodes && target.clusterNodes.length > 0) {
     return createClusterClient(target.clusterNodes, target.commandTimeoutMs);
   }
   if (!target.url) throw new Error('createRedisClient: neither a URL nor cluster nodes');
   const options = commonOptions(target.commandTimeoutMs);
-  return new Redis(target.url, { ...options, enableOfflineQueue: false, retryStrategy: reconnectDelay });
+  return new CountersRedis(target.url, { ...options, enableOfflineQueue: false, retryStrategy: reconnectDelay });
 }
 
 /**

@@ -1,7 +1,7 @@
 import type { Cluster } from 'ioredis';
 import { CONSUME_SCRIPT, pushConsumeArgs, RECEIPTS_KEPT } from '../limits/count-rules.js';
 import { StoreUnavailableError, type ConsumeRequest, type Counts } from '../limits/store.js';
-import type { RedisClient } from './connection.js';
+import { commandsWaiting, MAX_COMMANDS_WAITING, RedisBehindError, type RedisClient } from './connection.js';
 import type { DownMasters } from './down-masters.js';
 import { toStoreError } from './errors.js';
 import type { ReceiptLedger } from './receipt-ledger.js';
@@ -229,6 +229,8 @@ export class ConsumeBatcher {
     if (this.#client.status !== 'ready') {
       return new StoreUnavailableError('connection', `Redis unavailable: connection ${this.#client.status}`);
     }
+    // Not even sent (no receipt in doubt): the connection holds as many unanswered commands as it may.
+    if (commandsWaiting(this.#client) >= MAX_COMMANDS_WAITING) return toStoreError(new RedisBehindError());
     const out = this.#batching ? this.#inFlight : (this.#inFlightByKey.get((batch[0] as Pending).key) ?? 0);
     if (out >= MAX_CALLS_OUT) {
       return new StoreUnavailableError('timeout', `Redis is behind: ${MAX_CALLS_OUT} calls out`);
