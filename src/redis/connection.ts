@@ -4,7 +4,9 @@ import { Cluster, Redis, type ClusterNode, type ClusterOptions, type Command, ty
  * Redis clients for the counters. Tuned so that no request waits long on a Redis that is
  * down or slow (docs/operations.md "Redis"): commands fail at once while disconnected
  * (no offline queue), time out after `commandTimeoutMs`, and are never re-sent after a
- * reconnect (a re-sent increment could count a request twice).
+ * reconnect (a re-sent increment could count a request twice). A single Redis's connection that
+ * stays silent while commands wait on it is closed and opened again (silentConnectionMs), and
+ * holds at most MAX_COMMANDS_WAITING of them meanwhile (CountersRedis).
  *
  * No auto-pipelining: ioredis keeps one auto-pipeline in flight per connection and queues later
  * commands behind it, so while Redis is slow a request could wait for the one before it to time out
@@ -129,8 +131,8 @@ export function commandsWaiting(client: RedisClient): number {
  * A Redis that stops answering (a stopped process, a proxy that no longer forwards) keeps its
  * connection, and a command that times out stays queued in ioredis, with its arguments, until
  * its answer comes: every request of an unknown key, every readiness probe and the key poller
- * would add one for as long as the stall lasts. (Commands of a pipeline are written together, so
- * one of them is never held back alone; the counters' pipelines are a usage read's.)
+ * would add one for as long as the stall lasts. (Commands of a pipeline or a transaction are written
+ * together, so one of them is never held back alone: those pass.)
  */
 export class CountersRedis extends Redis {
   override sendCommand(command: Command, stream?: Parameters<Redis['sendCommand']>[1]): unknown {
@@ -148,7 +150,22 @@ export function createRedisClient(target: RedisTarget): RedisClient {
   }
   if (!target.url) throw new Error('createRedisClient: neither a URL nor cluster nodes');
   const options = commonOptions(target.commandTimeoutMs);
-  return new CountersRedis(target.url, { ...options, enableOfflineQueue: false, retryStrategy: reconnectDelay });
+  return new CountersRedis(target.url, {
+    ...options,
+    enableOfflineQueue: false,
+    retryStrategy: reconnectDelay,
+    socketTimeout: silentConnectionMs(target.commandTimeoutMs),
+  });
+}
+
+/**
+ * How long a connection may stay silent while commands wait on it before it is closed and opened
+ * again (docs/operations.md "Redis"). A proxy that stops forwarding keeps the connection up for
+ * good, while a new one may reach Redis at once; a slow Redis that still answers sends something
+ * far sooner (every command times out after `commandTimeoutMs`).
+ */
+export function silentConnectionMs(commandTimeoutMs: number): number {
+  return Math.max(5000, commandTimeoutMs * 10);
 }
 
 /**

@@ -30,6 +30,11 @@ export interface RedisProxy {
   delayRepliesMs: number;
   /** While true, every connection is closed, and new ones are closed as they come (a Redis that is away). */
   away: boolean;
+  /**
+   * The connections open now carry nothing more either way (what is sent on them is dropped) and
+   * stay open, as behind a proxy that stopped forwarding them; later connections pass.
+   */
+  silenceOpenConnections(): void;
   /** Connections closed because a command or a reply was lost. */
   readonly lost: number;
   close(): Promise<void>;
@@ -37,6 +42,8 @@ export interface RedisProxy {
 
 export async function startRedisProxy(redisPort: number): Promise<RedisProxy> {
   const sockets = new Set<net.Socket>();
+  /** Per open connection: makes it carry nothing more. */
+  const silencers = new Set<() => void>();
   const state = {
     loseReplies: false,
     next: undefined as { lost: 'request' | 'reply'; closeAfterMs: number } | undefined,
@@ -65,7 +72,14 @@ export async function startRedisProxy(redisPort: number): Promise<RedisProxy> {
       s.on('close', () => sockets.delete(s));
       s.on('error', () => {});
     }
-    client.on('close', () => upstream.destroy());
+    const silence = (): void => {
+      failed = true;
+    };
+    silencers.add(silence);
+    client.on('close', () => {
+      silencers.delete(silence);
+      upstream.destroy();
+    });
     upstream.on('close', () => client.destroy());
     client.on('data', (chunk: Buffer) => {
       if (failed) return;
@@ -178,6 +192,9 @@ export async function startRedisProxy(redisPort: number): Promise<RedisProxy> {
     set away(away: boolean) {
       state.away = away;
       if (away) for (const s of sockets) s.destroy();
+    },
+    silenceOpenConnections() {
+      for (const silence of silencers) silence();
     },
     get lost() {
       return state.lost;

@@ -5,11 +5,13 @@ import {
   commandsWaiting,
   MAX_COMMANDS_WAITING,
   RedisBehindError,
+  silentConnectionMs,
   type RedisClient,
 } from '../../src/redis/connection.js';
 import { ReceiptLedger } from '../../src/redis/receipt-ledger.js';
 import { waitFor } from '../helpers/faults.js';
-import { connectedClient, startRedisServer, type RedisProcess } from '../helpers/redis.js';
+import { connectedClient, redisClient, startRedisServer, type RedisProcess } from '../helpers/redis.js';
+import { startRedisProxy } from '../helpers/redis-proxy.js';
 import { request } from '../helpers/store-contract.js';
 
 /**
@@ -75,5 +77,34 @@ describe('a Redis that stops answering', () => {
     await waitFor('the stalled commands answered', () => commandsWaiting(client) === 0, 5000, 20);
     expect(await client.ping()).toBe('PONG');
     expect(await batcher.consume('stall-counter', request())).toEqual({ allowed: true, hour: 1, day: 1 });
+  });
+
+  it('behind a proxy that stops forwarding its connection, opens another after a silence of silentConnectionMs, and counts in Redis again, exactly (regression: the gateway waited on the silent connection for good, deciding every request without Redis)', async () => {
+    const proxy = await startRedisProxy(own.port);
+    const behind = await connectedClient(proxy.url, 200);
+    const behindLedger = new ReceiptLedger(behind);
+    const inspect = redisClient(own.url);
+    try {
+      const batcher = new ConsumeBatcher(behind, behindLedger);
+      expect(await batcher.consume('silent-counter', request())).toEqual({ allowed: true, hour: 1, day: 1 });
+      proxy.silenceOpenConnections();
+      // Swallowed by the proxy: never run, in doubt until a connection that answers takes it back.
+      const lost = await batcher.consume('silent-counter', request()).catch((err: unknown) => err);
+      expect((lost as StoreUnavailableError).kind).toBe('timeout');
+      expect(behindLedger.inDoubt).toBe(1);
+      await waitFor(
+        'a new connection through the proxy',
+        async () => behind.status === 'ready' && behindLedger.inDoubt === 0,
+        silentConnectionMs(200) + 5000,
+        50,
+      );
+      expect(await batcher.consume('silent-counter', request())).toEqual({ allowed: true, hour: 2, day: 2 });
+      expect(await inspect.hmget('silent-counter', 'hc', 'dc')).toEqual(['2', '2']);
+    } finally {
+      behindLedger.close();
+      behind.disconnect();
+      inspect.disconnect();
+      await proxy.close();
+    }
   });
 });
