@@ -12,8 +12,9 @@ import type { Cluster, Redis } from 'ioredis';
  * failures within `windowSeconds` from one address, every request from that address is
  * answered 429 for `windowSeconds`, so keys cannot be guessed and the 401 path is no free
  * flood. An address is counted and blocked as its network (`guardedNetwork`: an IPv6 client by
- * its /64), which is what every method here takes and what blocks are listed and announced as. Counting is rate-limiter-flexible's: in Redis (shared by every instance) with an
- * in-memory insurance limiter, or in memory alone. The block itself is also remembered here,
+ * its /64), which is what every method here takes and what blocks are listed and announced as.
+ * Counting is rate-limiter-flexible's: in Redis (shared by every instance) with an in-memory
+ * insurance limiter, or in memory alone. The block itself is also remembered here,
  * so a blocked address is refused without any store call, and announced (`onBlock`) so that
  * every other instance refuses it too (`block`), not only those that see it guess.
  */
