@@ -68,9 +68,40 @@ export function createAdminApp(deps: AdminDeps): Hono {
   app.route('/admin/usage', usageApp(deps));
   app.route('/admin/keys', keysApp(deps));
   app.route('/admin/blocks', blocksApp(deps));
-  app.notFound((c) => refusal(c, 404, 'No such admin endpoint'));
+  const allowedMethods = methodsOfPaths(app);
+  app.notFound((c) => {
+    // A path the listener has for other methods: 405 with Allow, as on the public listener (README "Headers and answers").
+    const allow = allowedMethods(c.req.path);
+    if (allow.length === 0) return refusal(c, 404, 'No such admin endpoint');
+    c.header('Allow', allow.join(', '));
+    return refusal(c, 405, 'Method not allowed for this endpoint');
+  });
   app.onError(adminErrors(deps.logger));
   return app;
+}
+
+/**
+ * The methods each path of the app's routes answers (HEAD with GET, as hono serves it), for a
+ * request that met no route: the middleware (`ALL`) and the wildcards are no path of their own.
+ */
+function methodsOfPaths(app: Hono): (path: string) => string[] {
+  const patterns = new Map<string, { readonly pattern: RegExp; readonly methods: Set<string> }>();
+  for (const { method, path } of app.routes) {
+    if (method === 'ALL' || path.includes('*')) continue;
+    const entry = patterns.get(path) ?? {
+      pattern: new RegExp(`^${path.replace(/[.+?^${}()|[\]\\]/g, '\\$&').replace(/:[^/]+/g, '[^/]+')}$`),
+      methods: new Set<string>(),
+    };
+    entry.methods.add(method);
+    if (method === 'GET') entry.methods.add('HEAD');
+    patterns.set(path, entry);
+  }
+  return (path) => {
+    const allowed = new Set<string>();
+    for (const { pattern, methods } of patterns.values())
+      if (pattern.test(path)) methods.forEach((m) => allowed.add(m));
+    return [...allowed];
+  };
 }
 
 /**

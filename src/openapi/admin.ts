@@ -49,7 +49,7 @@ export function adminOpenApi(options: AdminOpenApiOptions): OpenApiDocument {
       title: 'oapi-gateway admin API',
       version: options.version,
       description:
-        'The admin listener (`ADMIN_HOST:ADMIN_PORT`, loopback by default: keep it off the public network). `/admin/*` needs `Authorization: Bearer $ADMIN_TOKEN`: without `ADMIN_TOKEN` it answers `403`, a missing or wrong token `401`, an unknown path `404`, all with the two-field error body. The other paths need no token. An API key in a path is a secret: the admin log shows only its hash.',
+        'The admin listener (`ADMIN_HOST:ADMIN_PORT`, loopback by default: keep it off the public network). `/admin/*` needs `Authorization: Bearer $ADMIN_TOKEN`: without `ADMIN_TOKEN` it answers `403`, a missing or wrong token `401`, an unknown path `404`, a method the path does not have `405` with `Allow`, all with the two-field error body. The other paths need no token. An API key in a path is a secret: the admin log shows only its hash.',
     },
     security: [{ Bearer: [] }],
     paths: {

@@ -76,6 +76,31 @@ describe('/admin/* authentication', () => {
     expect(expectTwoFields(reply).error).toBe('Not Found');
   });
 
+  it('answers 405 with Allow in two-field JSON for a method a path does not have (regression: 404 "No such admin endpoint")', async () => {
+    const cases: Array<[string, string, string]> = [
+      ['PUT', '/admin/limits', 'GET, HEAD'],
+      ['GET', '/admin/limits/reload', 'POST'],
+      ['DELETE', '/admin/keys', 'POST, GET, HEAD'],
+      ['POST', '/admin/usage/some-key', 'GET, HEAD, DELETE'],
+      ['PATCH', '/admin/blocks/198.51.100.7', 'DELETE'],
+      ['POST', '/healthz', 'GET, HEAD'],
+      ['POST', '/openapi.json', 'GET, HEAD'],
+    ];
+    for (const [method, path, allow] of cases) {
+      const reply = await admin(path, { method });
+      expect(reply.status, `${method} ${path}`).toBe(405);
+      expect(reply.headers.allow).toBe(allow);
+      expect(expectTwoFields(reply)).toEqual({
+        error: 'Method Not Allowed',
+        message: 'Method not allowed for this endpoint',
+      });
+    }
+    // Still 401 first without the token, and 404 for a path the listener has for no method.
+    expect((await admin('/admin/limits', { method: 'PUT', headers: {} })).status).toBe(401);
+    expect((await admin('/openapiXjson')).status).toBe(404);
+    expect((await admin('/admin/limits/')).status).toBe(404);
+  });
+
   it('answers 403 to every /admin/* request when ADMIN_TOKEN is unset', async () => {
     const locked = await startTestGateway({ limits: LIMITS, env: { ADMIN_TOKEN: undefined } });
     try {
