@@ -1,9 +1,13 @@
 import { Hono } from 'hono';
+import { bodyLimit } from 'hono/body-limit';
 import { KEY_ID } from '../keys/key-file.js';
 import { shortKeyHash } from '../observability/logger.js';
 import type { AdminDeps } from './app.js';
 import { announce, refusal, withTable } from './common.js';
 import { resetAnswer, usageAnswer } from './usage.js';
+
+/** `{"id","plan"}` is under 200 bytes: a larger body is refused unread, not buffered whole. */
+export const MAX_NEW_KEY_BODY_BYTES = 4096;
 
 /** Issued API keys (README "API keys and plans"): issue, list, revoke. */
 export function keysApp(deps: AdminDeps): Hono {
@@ -15,7 +19,11 @@ export function keysApp(deps: AdminDeps): Hono {
   const announced = (): Promise<void> =>
     announce(deps, { type: 'keys-changed' }, 'key change not announced; other instances see it within a second');
 
-  app.post('/', async (c) => {
+  const bounded = bodyLimit({
+    maxSize: MAX_NEW_KEY_BODY_BYTES,
+    onError: (c) => refusal(c, 413, `Request body is larger than ${MAX_NEW_KEY_BODY_BYTES} bytes`),
+  });
+  app.post('/', bounded, async (c) => {
     const body: unknown = await c.req.json().catch(() => undefined);
     if (typeof body !== 'object' || body === null) return refusal(c, 400, 'Body must be JSON: {"id":"…","plan":"…"}');
     const { id, plan } = body as { id?: unknown; plan?: unknown };

@@ -221,6 +221,7 @@ function keysPaths(): Record<string, Json> {
             'id must be letters, digits, ".", "_" and "-" (at most 64)',
           ),
           '409': errorAnswer('A key with this id exists.', 409, 'A key with id "acme-prod" exists'),
+          '413': errorAnswer('A body over 4096 bytes (it is not read).', 413, 'Request body is larger than 4096 bytes'),
           '503': ref('responses', 'StoreUnavailable'),
         }),
         { requestBody: { required: true, content: jsonContent(ref('schemas', 'NewKey')) } },

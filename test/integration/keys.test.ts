@@ -665,6 +665,43 @@ describe('keys without Redis', () => {
   });
 });
 
+describe('regression: POST /admin/keys read a body of any size whole (2 MB issued a key)', () => {
+  it('refuses a body over 4 KiB with a two-field 413, with a length or chunked, and issues nothing', async () => {
+    const gw = await startTestGateway({ limits: LIMITS, redis: false, env: { API_KEY_MODE: 'registered' } });
+    try {
+      const body = JSON.stringify({ id: 'padded', pad: 'a'.repeat(5000) });
+      const framings: Array<Record<string, string>> = [{}, { 'Transfer-Encoding': 'chunked' }];
+      for (const framing of framings) {
+        const reply = await send(gw.adminUrl, {
+          method: 'POST',
+          path: '/admin/keys',
+          headers: { ...authHeader(), 'Content-Type': 'application/json', ...framing },
+          body,
+        });
+        expect(reply.status).toBe(413);
+        expect(expectTwoFields(reply)).toEqual({
+          error: 'Content Too Large',
+          message: 'Request body is larger than 4096 bytes',
+        });
+      }
+      const listed = await send(gw.adminUrl, { path: '/admin/keys', headers: authHeader() });
+      expect(listed.json<{ keys: Array<{ id: string }> }>().keys.map((k) => k.id)).not.toContain('padded');
+      // A body within the bound is still read, and a non-JSON one refused as before.
+      expect((await issue(gw, 'small')).status).toBe(201);
+      const notJson = await send(gw.adminUrl, {
+        method: 'POST',
+        path: '/admin/keys',
+        headers: { ...authHeader(), 'Content-Type': 'application/json' },
+        body: 'id=small-2',
+      });
+      expect(notJson.status).toBe(400);
+      expectTwoFields(notJson);
+    } finally {
+      await gw.stop();
+    }
+  });
+});
+
 describe('a key change whose announcement fails', () => {
   it('still answers 201 with the key, and 204 to its revocation (regression: 503, the key issued and never shown)', async () => {
     const { redis, url, admin } = await startRedisWithUser('resetchannels');
