@@ -58,10 +58,15 @@ export function keysApp(deps: AdminDeps): Hono {
   app.use('/:id/usage', withTable(tables), async (c, next) => {
     const id = c.req.param('id') ?? '';
     let record = registry.byId(id);
-    // Until the issued keys were read once, an id unknown here may be an issued key's: not a 404 (as for the listing).
-    if (!record && !registry.loaded) {
-      await registry.refresh().catch(() => undefined);
-      if (!registry.loaded) return refusal(c, 503, 'Key store unavailable');
+    // An id unknown here may be an issued key's: one not read yet, or issued on another instance a
+    // moment ago (this one hears of it within half a second). Redis is asked before a 404; when it
+    // does not answer, the id cannot be told unknown (as for the listing).
+    if (!record) {
+      const read = await registry.refresh().then(
+        () => true,
+        () => false,
+      );
+      if (!read) return refusal(c, 503, 'Key store unavailable');
       record = registry.byId(id);
     }
     if (!record) return refusal(c, 404, `No key with id "${id}"`);

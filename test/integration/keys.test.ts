@@ -727,6 +727,43 @@ describe('a key change whose announcement fails', () => {
   });
 });
 
+describe('regression: usage by id on an instance that had not yet heard of a key issued on another answered 404', () => {
+  it('asks Redis for an id it does not know: 200 with the plan numbers, and its reset 204', async () => {
+    // No announcement reaches the other instance: it would know the key only at its next poll.
+    const { redis, url, admin } = await startRedisWithUser('resetchannels');
+    admin.disconnect();
+    const a = await startTestGateway({ limits: LIMITS, redis: url, env: { API_KEY_MODE: 'registered' } });
+    const b = await startTestGateway({
+      limits: LIMITS,
+      redis: url,
+      prefix: a.prefix,
+      bridges: { eqt: a.eqt, fno: a.fno },
+      env: { API_KEY_MODE: 'registered' },
+    });
+    try {
+      expect((await issue(a, 'fresh-elsewhere', 'premium')).status).toBe(201);
+      const usage = await send(b.adminUrl, { path: '/admin/keys/fresh-elsewhere/usage', headers: authHeader() });
+      expect(usage.status).toBe(200);
+      const first = usage.json<{ endpoints: Array<{ hour: { limit: number } }> }>().endpoints[0];
+      expect(first?.hour.limit).toBe(20);
+      expect((await issue(a, 'fresh-elsewhere-2')).status).toBe(201);
+      const reset = await send(b.adminUrl, {
+        method: 'DELETE',
+        path: '/admin/keys/fresh-elsewhere-2/usage',
+        headers: authHeader(),
+      });
+      expect(reset.status).toBe(204);
+      // An id no key has is still a 404.
+      const unknown = await send(b.adminUrl, { path: '/admin/keys/never-issued/usage', headers: authHeader() });
+      expect(unknown.status).toBe(404);
+    } finally {
+      await b.stop();
+      await a.stop();
+      await redis.stop();
+    }
+  });
+});
+
 describe('regression: an events channel the Redis user may not subscribe to went untold', () => {
   it('is logged as an error naming the channel', async () => {
     const { redis, url, admin } = await startRedisWithUser('resetchannels');
